@@ -1,0 +1,572 @@
+#include "store/kv_store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace cohort::store {
+
+struct KvStore::Waiter {
+  WaitId id = 0;
+  std::vector<std::string> keys;
+  bool read_values = false;
+  ReadCallback done;
+  DeadlineTimer::TimerId timer = 0;
+  absl::Duration timeout;
+  // Keys not yet seen; the waiter is indexed under each of them.
+  size_t missing = 0;
+  // The store's revision when the waiter last checked its keys.
+  int64_t checked_at = 0;
+};
+
+namespace {
+
+// A key for an error message: printable, and cut short if long.
+std::string Quote(absl::string_view key) {
+  constexpr size_t kMax = 64;
+  std::string out = absl::CHexEscape(key.substr(0, kMax));
+  if (key.size() > kMax) absl::StrAppend(&out, "...");
+  return absl::StrCat("\"", out, "\"");
+}
+
+std::string QuoteList(const std::vector<absl::string_view>& keys) {
+  constexpr size_t kMax = 8;
+  std::vector<std::string> shown;
+  for (size_t i = 0; i < keys.size() && i < kMax; ++i) {
+    shown.push_back(Quote(keys[i]));
+  }
+  std::string out = absl::StrJoin(shown, ", ");
+  if (keys.size() > kMax) {
+    absl::StrAppend(&out, " and ", keys.size() - kMax, " more");
+  }
+  return out;
+}
+
+size_t EventBytes(const Event& e) {
+  return sizeof(Event) + e.key.size() + (e.value ? e.value->size() : 0);
+}
+
+}  // namespace
+
+KvStore::KvStore(std::unique_ptr<KvEngine> engine, StoreLimits limits)
+    : limits_(limits), engine_(std::move(engine)) {
+  revision_ = engine_->revision();
+  last_delete_revision_ = revision_;
+  compacted_revision_ = revision_;
+}
+
+KvStore::~KvStore() {
+  Shutdown(absl::UnavailableError("the store is closing"));
+}
+
+int64_t KvStore::revision() {
+  absl::MutexLock lock(&mu_);
+  return revision_;
+}
+
+absl::Status KvStore::ValidateKey(absl::string_view key) const {
+  if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
+  if (key.size() > limits_.max_key_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key ", Quote(key), " is ", key.size(),
+                     " bytes, over the limit of ", limits_.max_key_bytes,
+                     " bytes (max_key_bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvStore::ValidateValue(absl::string_view value) const {
+  if (value.size() > limits_.max_value_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("value is ", value.size(), " bytes, over the limit of ",
+                     limits_.max_value_bytes, " bytes (max_value_bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvStore::ValidateKeys(absl::Span<const std::string> keys) const {
+  if (keys.size() > limits_.max_keys_per_call) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request names ", keys.size(), " keys, over the limit of ",
+                     limits_.max_keys_per_call, " (max_keys_per_call)"));
+  }
+  for (const std::string& key : keys) {
+    if (absl::Status s = ValidateKey(key); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> KvStore::CommitLocked(std::vector<Mutation> mutations,
+                                              Deferred& deferred) {
+  const int64_t revision = revision_ + 1;
+  if (absl::Status s = engine_->Apply(mutations, revision); !s.ok()) return s;
+  revision_ = revision;
+
+  std::vector<Event> events;
+  events.reserve(mutations.size());
+  for (Mutation& m : mutations) {
+    Event e;
+    e.revision = revision;
+    if (m.kind == Mutation::Kind::kPut) {
+      e.type = Event::Type::kPut;
+      e.value = std::make_shared<const std::string>(std::move(m.value));
+    } else {
+      e.type = Event::Type::kDelete;
+      last_delete_revision_ = revision;
+    }
+    e.key = std::move(m.key);
+    events.push_back(std::move(e));
+  }
+
+  for (auto& [id, watcher] : watchers_) {
+    std::vector<Event> matching;
+    for (const Event& e : events) {
+      if (absl::StartsWith(e.key, watcher.prefix)) {
+        matching.push_back(e);
+      }
+    }
+    if (!matching.empty()) watcher.on_events(std::move(matching));
+  }
+  for (const Event& e : events) {
+    if (e.type == Event::Type::kPut) WakeWaitersLocked(e.key, deferred);
+    history_bytes_ += EventBytes(e);
+  }
+  for (Event& e : events) history_.push_back(std::move(e));
+  TrimHistoryLocked();
+  return revision;
+}
+
+void KvStore::TrimHistoryLocked() {
+  while (!history_.empty() && (history_.size() > limits_.history_events ||
+                               history_bytes_ > limits_.history_bytes)) {
+    // Drop whole revisions, so a resumed watch never sees half of one.
+    const int64_t dropped = history_.front().revision;
+    while (!history_.empty() && history_.front().revision == dropped) {
+      history_bytes_ -= EventBytes(history_.front());
+      history_.pop_front();
+    }
+    compacted_revision_ = dropped;
+  }
+}
+
+void KvStore::WakeWaitersLocked(absl::string_view key, Deferred& deferred) {
+  auto it = waiters_by_key_.find(key);
+  if (it == waiters_by_key_.end()) return;
+  absl::flat_hash_set<WaitId> ids = std::move(it->second);
+  waiters_by_key_.erase(it);
+  for (WaitId id : ids) {
+    auto w = waiters_.find(id);
+    if (w == waiters_.end()) continue;
+    if (--w->second->missing > 0) continue;
+    if (TryCompleteLocked(w->second, deferred)) waiters_.erase(w);
+  }
+}
+
+bool KvStore::TryCompleteLocked(std::unique_ptr<Waiter>& waiter,
+                                Deferred& deferred) {
+  ReadResult result;
+  result.revision = revision_;
+  const bool recheck = last_delete_revision_ > waiter->checked_at;
+  if (waiter->read_values || recheck) {
+    std::vector<absl::string_view> missing;
+    for (const std::string& key : waiter->keys) {
+      absl::StatusOr<std::optional<std::string>> value = engine_->Get(key);
+      if (!value.ok()) {
+        if (waiter->timer != 0) timer_.Cancel(waiter->timer);
+        UnindexWaiterLocked(*waiter);
+        deferred.push_back([done = std::move(waiter->done),
+                            s = value.status()] { done(s); });
+        return true;
+      }
+      if (!value->has_value()) {
+        missing.push_back(key);
+      } else if (waiter->read_values) {
+        result.values.push_back(std::move(**value));
+      }
+    }
+    if (!missing.empty()) {
+      // A key was deleted after it was seen: wait for it again.
+      waiter->checked_at = revision_;
+      waiter->missing = missing.size();
+      for (absl::string_view key : missing) {
+        waiters_by_key_[key].insert(waiter->id);
+      }
+      return false;
+    }
+  }
+  if (waiter->timer != 0) timer_.Cancel(waiter->timer);
+  deferred.push_back([done = std::move(waiter->done),
+                      result = std::move(result)]() mutable {
+    done(std::move(result));
+  });
+  return true;
+}
+
+void KvStore::UnindexWaiterLocked(const Waiter& waiter) {
+  for (const std::string& key : waiter.keys) {
+    auto it = waiters_by_key_.find(key);
+    if (it == waiters_by_key_.end()) continue;
+    it->second.erase(waiter.id);
+    if (it->second.empty()) waiters_by_key_.erase(it);
+  }
+}
+
+absl::StatusOr<int64_t> KvStore::Set(absl::string_view key,
+                                     absl::string_view value) {
+  if (absl::Status s = ValidateKey(key); !s.ok()) return s;
+  if (absl::Status s = ValidateValue(value); !s.ok()) return s;
+  std::vector<Mutation> m(1);
+  m[0].key.assign(key.data(), key.size());
+  m[0].value.assign(value.data(), value.size());
+  Deferred deferred;
+  absl::StatusOr<int64_t> revision;
+  {
+    absl::MutexLock lock(&mu_);
+    revision = CommitLocked(std::move(m), deferred);
+  }
+  for (auto& fn : deferred) fn();
+  return revision;
+}
+
+absl::StatusOr<AddResult> KvStore::Add(absl::string_view key, int64_t delta) {
+  if (absl::Status s = ValidateKey(key); !s.ok()) return s;
+  Deferred deferred;
+  AddResult result;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::optional<std::string>> current = engine_->Get(key);
+    if (!current.ok()) return current.status();
+    int64_t value = 0;
+    if (current->has_value() && !absl::SimpleAtoi(**current, &value)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot add to key ", Quote(key), ": its value ", Quote(**current),
+          " is not a decimal int64 (was it written by set rather than add?)"));
+    }
+    if (__builtin_add_overflow(value, delta, &result.value)) {
+      return absl::OutOfRangeError(absl::StrCat("adding ", delta, " to key ",
+                                                Quote(key), " (value ", value,
+                                                ") overflows int64"));
+    }
+    std::vector<Mutation> m(1);
+    m[0].key.assign(key.data(), key.size());
+    m[0].value = absl::StrCat(result.value);
+    absl::StatusOr<int64_t> revision = CommitLocked(std::move(m), deferred);
+    if (!revision.ok()) return revision.status();
+    result.revision = *revision;
+  }
+  for (auto& fn : deferred) fn();
+  return result;
+}
+
+absl::StatusOr<CompareSetResult> KvStore::CompareSet(
+    absl::string_view key, absl::string_view expected,
+    absl::string_view desired) {
+  if (absl::Status s = ValidateKey(key); !s.ok()) return s;
+  if (absl::Status s = ValidateValue(desired); !s.ok()) return s;
+  Deferred deferred;
+  CompareSetResult result;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::optional<std::string>> current = engine_->Get(key);
+    if (!current.ok()) return current.status();
+    const bool write = current->has_value() ? **current == expected
+                                            : expected.empty();
+    if (!write) {
+      // c10d: a missing key returns `expected`, a mismatch the current value.
+      result.value = current->has_value() ? std::move(**current)
+                                          : std::string(expected);
+      result.revision = revision_;
+      return result;
+    }
+    std::vector<Mutation> m(1);
+    m[0].key.assign(key.data(), key.size());
+    m[0].value.assign(desired.data(), desired.size());
+    absl::StatusOr<int64_t> revision = CommitLocked(std::move(m), deferred);
+    if (!revision.ok()) return revision.status();
+    result.value.assign(desired.data(), desired.size());
+    result.swapped = true;
+    result.revision = *revision;
+  }
+  for (auto& fn : deferred) fn();
+  return result;
+}
+
+absl::StatusOr<int64_t> KvStore::Append(absl::string_view key,
+                                        absl::string_view value) {
+  if (absl::Status s = ValidateKey(key); !s.ok()) return s;
+  Deferred deferred;
+  absl::StatusOr<int64_t> revision;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::optional<std::string>> current = engine_->Get(key);
+    if (!current.ok()) return current.status();
+    std::vector<Mutation> m(1);
+    m[0].key.assign(key.data(), key.size());
+    if (current->has_value()) m[0].value = std::move(**current);
+    m[0].value.append(value.data(), value.size());
+    if (absl::Status s = ValidateValue(m[0].value); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("append to key ", Quote(key), ": ", s.message()));
+    }
+    revision = CommitLocked(std::move(m), deferred);
+  }
+  for (auto& fn : deferred) fn();
+  return revision;
+}
+
+absl::StatusOr<DeleteResult> KvStore::Delete(absl::string_view key) {
+  if (absl::Status s = ValidateKey(key); !s.ok()) return s;
+  Deferred deferred;
+  DeleteResult result;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::optional<std::string>> current = engine_->Get(key);
+    if (!current.ok()) return current.status();
+    if (!current->has_value()) {
+      result.revision = revision_;
+      return result;
+    }
+    std::vector<Mutation> m(1);
+    m[0].kind = Mutation::Kind::kDelete;
+    m[0].key.assign(key.data(), key.size());
+    absl::StatusOr<int64_t> revision = CommitLocked(std::move(m), deferred);
+    if (!revision.ok()) return revision.status();
+    result.deleted = true;
+    result.revision = *revision;
+  }
+  for (auto& fn : deferred) fn();
+  return result;
+}
+
+absl::StatusOr<int64_t> KvStore::MultiSet(
+    absl::Span<const std::string> keys, absl::Span<const std::string> values) {
+  if (keys.size() != values.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("multi_set got ", keys.size(), " keys but ",
+                     values.size(), " values"));
+  }
+  if (absl::Status s = ValidateKeys(keys); !s.ok()) return s;
+  std::vector<Mutation> m(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (absl::Status s = ValidateValue(values[i]); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key ", Quote(keys[i]), ": ", s.message()));
+    }
+    m[i].key = keys[i];
+    m[i].value = values[i];
+  }
+  if (m.empty()) return revision();
+  Deferred deferred;
+  absl::StatusOr<int64_t> revision;
+  {
+    absl::MutexLock lock(&mu_);
+    revision = CommitLocked(std::move(m), deferred);
+  }
+  for (auto& fn : deferred) fn();
+  return revision;
+}
+
+absl::StatusOr<CheckResult> KvStore::Check(absl::Span<const std::string> keys) {
+  if (absl::Status s = ValidateKeys(keys); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  CheckResult result;
+  result.revision = revision_;
+  result.all_exist = true;
+  for (const std::string& key : keys) {
+    absl::StatusOr<std::optional<std::string>> value = engine_->Get(key);
+    if (!value.ok()) return value.status();
+    if (!value->has_value()) {
+      result.all_exist = false;
+      break;
+    }
+  }
+  return result;
+}
+
+absl::StatusOr<NumKeysResult> KvStore::NumKeys() {
+  absl::MutexLock lock(&mu_);
+  return NumKeysResult{engine_->NumKeys(), revision_};
+}
+
+absl::StatusOr<ListResult> KvStore::ListKeys(absl::string_view prefix,
+                                             size_t page_size,
+                                             absl::string_view page_token) {
+  if (prefix.size() > limits_.max_key_bytes) return ValidateKey(prefix);
+  if (page_size == 0) page_size = limits_.max_list_page;
+  if (page_size > limits_.max_list_page) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size ", page_size, " is over the limit of ",
+                     limits_.max_list_page, " (max_list_page)"));
+  }
+  if (!page_token.empty() && !absl::StartsWith(page_token, prefix)) {
+    return absl::InvalidArgumentError(
+        "page_token does not belong to this prefix: pass back the "
+        "next_page_token of the previous page, with the same prefix");
+  }
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::vector<std::string>> keys =
+      engine_->ListKeys(prefix, page_token, page_size + 1);
+  if (!keys.ok()) return keys.status();
+  ListResult result;
+  result.revision = revision_;
+  if (keys->size() > page_size) {
+    keys->pop_back();
+    result.next_page_token = keys->back();
+  }
+  result.keys = std::move(*keys);
+  return result;
+}
+
+KvStore::WaitId KvStore::WaitForKeys(std::vector<std::string> keys,
+                                     bool read_values, absl::Duration timeout,
+                                     ReadCallback done) {
+  if (absl::Status s = ValidateKeys(keys); !s.ok()) {
+    done(s);
+    return 0;
+  }
+  if (timeout <= absl::ZeroDuration()) {
+    timeout = absl::ZeroDuration();
+  }
+  auto waiter = std::make_unique<Waiter>();
+  waiter->keys = std::move(keys);
+  waiter->read_values = read_values;
+  waiter->done = std::move(done);
+  waiter->timeout = timeout;
+
+  Deferred deferred;
+  WaitId id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!shutdown_.ok()) {
+      deferred.push_back([done = std::move(waiter->done), s = shutdown_] {
+        done(s);
+      });
+    } else {
+      waiter->id = next_wait_id_++;
+      waiter->checked_at = revision_;
+      absl::flat_hash_set<absl::string_view> distinct;
+      for (const std::string& key : waiter->keys) {
+        if (!distinct.insert(key).second) continue;
+        absl::StatusOr<std::optional<std::string>> value = engine_->Get(key);
+        if (!value.ok() || !value->has_value()) {
+          waiters_by_key_[key].insert(waiter->id);
+          ++waiter->missing;
+        }
+      }
+      if (waiter->missing == 0) {
+        TryCompleteLocked(waiter, deferred);
+      } else {
+        id = waiter->id;
+        waiter->timer = timer_.Schedule(absl::Now() + timeout,
+                                        [this, id] { OnWaitTimeout(id); });
+        waiters_.emplace(id, std::move(waiter));
+      }
+    }
+  }
+  for (auto& fn : deferred) fn();
+  return id;
+}
+
+void KvStore::CancelWait(WaitId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = waiters_.find(id);
+  if (it == waiters_.end()) return;
+  if (it->second->timer != 0) timer_.Cancel(it->second->timer);
+  UnindexWaiterLocked(*it->second);
+  waiters_.erase(it);
+}
+
+void KvStore::OnWaitTimeout(WaitId id) {
+  std::unique_ptr<Waiter> waiter;
+  std::vector<absl::string_view> missing;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = waiters_.find(id);
+    if (it == waiters_.end()) return;
+    waiter = std::move(it->second);
+    waiters_.erase(it);
+    absl::flat_hash_set<absl::string_view> distinct;
+    for (const std::string& key : waiter->keys) {
+      auto k = waiters_by_key_.find(key);
+      if (k != waiters_by_key_.end() && k->second.contains(id) &&
+          distinct.insert(key).second) {
+        missing.push_back(key);
+      }
+    }
+    UnindexWaiterLocked(*waiter);
+  }
+  waiter->done(absl::DeadlineExceededError(absl::StrCat(
+      "timed out after ", absl::FormatDuration(waiter->timeout),
+      " waiting for ", missing.size(), " of ", waiter->keys.size(),
+      waiter->keys.size() == 1 ? " key" : " keys", "; missing: ",
+      QuoteList(missing))));
+}
+
+absl::StatusOr<KvStore::WatchStart> KvStore::Watch(absl::string_view prefix,
+                                                   int64_t from_revision,
+                                                   EventsCallback on_events,
+                                                   CloseCallback on_close) {
+  if (prefix.size() > limits_.max_key_bytes) return ValidateKey(prefix);
+  if (from_revision < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("from_revision must be >= 0, got ", from_revision));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!shutdown_.ok()) return shutdown_;
+  WatchStart start;
+  start.start_revision = from_revision == 0 ? revision_ + 1 : from_revision;
+  if (start.start_revision <= compacted_revision_) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "revision ", from_revision, " is no longer in the watch history (it "
+        "holds revisions after ", compacted_revision_,
+        "; history is bounded and starts afresh when cohortd restarts): list "
+        "the keys, then watch from the listing's revision + 1"));
+  }
+  std::vector<Event> replay;
+  for (const Event& e : history_) {
+    if (e.revision >= start.start_revision &&
+        absl::StartsWith(e.key, prefix)) {
+      replay.push_back(e);
+    }
+  }
+  if (!replay.empty()) on_events(std::move(replay));
+  start.id = next_watch_id_++;
+  watchers_.emplace(start.id, Watcher{std::string(prefix), std::move(on_events),
+                                      std::move(on_close)});
+  return start;
+}
+
+void KvStore::CancelWatch(WatchId id) {
+  absl::MutexLock lock(&mu_);
+  watchers_.erase(id);
+}
+
+void KvStore::Shutdown(absl::Status status) {
+  absl::flat_hash_map<WaitId, std::unique_ptr<Waiter>> waiters;
+  absl::flat_hash_map<WatchId, Watcher> watchers;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!shutdown_.ok()) return;
+    shutdown_ = status;
+    waiters.swap(waiters_);
+    watchers.swap(watchers_);
+    waiters_by_key_.clear();
+    for (auto& [id, waiter] : waiters) {
+      if (waiter->timer != 0) timer_.Cancel(waiter->timer);
+    }
+  }
+  for (auto& [id, waiter] : waiters) waiter->done(status);
+  for (auto& [id, watcher] : watchers) watcher.on_close(status);
+}
+
+absl::Status KvStore::Flush() {
+  absl::MutexLock lock(&mu_);
+  return engine_->Flush();
+}
+
+}  // namespace cohort::store

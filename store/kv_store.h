@@ -1,0 +1,232 @@
+// KvStore: c10d Store semantics, blocking waits and watches over a KvEngine.
+//
+// This is cohortd's store as a plain object with no I/O of its own, so the
+// rules are unit-tested without a network and shared by the gRPC service and
+// the client's in-process store. Every operation is linearizable: one mutex
+// orders them all, and each mutation is applied to the engine (and so its
+// write-ahead log) before the call returns.
+//
+// Blocking operations never block a thread: WaitForKeys registers a callback
+// that runs when the keys exist, when its timeout passes (on one shared
+// timer thread) or at Shutdown.
+#ifndef COHORT_STORE_KV_STORE_H_
+#define COHORT_STORE_KV_STORE_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "store/deadline_timer.h"
+#include "store/kv_engine.h"
+
+namespace cohort::store {
+
+// Request limits. Violations fail with INVALID_ARGUMENT naming the limit.
+struct StoreLimits {
+  size_t max_key_bytes = 4096;
+  size_t max_value_bytes = 8 << 20;
+  size_t max_keys_per_call = 128 << 10;
+  size_t max_list_page = 10000;
+  // Watch history kept in memory for resuming watches; the oldest changes
+  // are dropped past either bound, and on restart.
+  size_t history_events = 100000;
+  size_t history_bytes = 64 << 20;
+};
+
+// c10d's default timeout for blocking calls.
+inline constexpr absl::Duration kDefaultTimeout = absl::Seconds(300);
+
+struct ReadResult {
+  std::vector<std::string> values;  // Empty unless values were asked for.
+  int64_t revision = 0;
+};
+
+struct AddResult {
+  int64_t value = 0;
+  int64_t revision = 0;
+};
+
+struct CompareSetResult {
+  std::string value;
+  bool swapped = false;
+  int64_t revision = 0;
+};
+
+struct DeleteResult {
+  bool deleted = false;
+  int64_t revision = 0;
+};
+
+struct CheckResult {
+  bool all_exist = false;
+  int64_t revision = 0;
+};
+
+struct NumKeysResult {
+  int64_t num_keys = 0;
+  int64_t revision = 0;
+};
+
+struct ListResult {
+  std::vector<std::string> keys;
+  std::string next_page_token;  // Empty when the listing is complete.
+  int64_t revision = 0;
+};
+
+struct Event {
+  enum class Type { kPut, kDelete };
+  Type type = Type::kPut;
+  std::string key;
+  // Shared between the history and every watcher: one copy per change.
+  std::shared_ptr<const std::string> value;  // Null for kDelete.
+  int64_t revision = 0;
+};
+
+class KvStore {
+ public:
+  using WaitId = uint64_t;
+  using WatchId = uint64_t;
+  using ReadCallback = std::function<void(absl::StatusOr<ReadResult>)>;
+  // Called with events in revision order, under the store's lock: it must
+  // not block or call back into the store.
+  using EventsCallback = std::function<void(std::vector<Event>)>;
+  // Called once when the store ends a watch (Shutdown); not after CancelWatch.
+  using CloseCallback = std::function<void(absl::Status)>;
+
+  explicit KvStore(std::unique_ptr<KvEngine> engine, StoreLimits limits = {});
+  // Shuts down (UNAVAILABLE) if Shutdown was not called.
+  ~KvStore();
+
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
+
+  const StoreLimits& limits() const { return limits_; }
+  absl::string_view engine_name() const { return engine_->name(); }
+  int64_t revision() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Non-blocking operations; see proto/cohort/v1/store.proto for the rules.
+  // Each mutation returns the revision it created; one that changes nothing
+  // (a failed CompareSet, deleting a missing key) returns the current one.
+  absl::StatusOr<int64_t> Set(absl::string_view key, absl::string_view value);
+  absl::StatusOr<AddResult> Add(absl::string_view key, int64_t delta);
+  absl::StatusOr<CompareSetResult> CompareSet(absl::string_view key,
+                                              absl::string_view expected,
+                                              absl::string_view desired);
+  absl::StatusOr<int64_t> Append(absl::string_view key,
+                                 absl::string_view value);
+  absl::StatusOr<DeleteResult> Delete(absl::string_view key);
+  absl::StatusOr<int64_t> MultiSet(absl::Span<const std::string> keys,
+                                   absl::Span<const std::string> values);
+  absl::StatusOr<CheckResult> Check(absl::Span<const std::string> keys);
+  absl::StatusOr<NumKeysResult> NumKeys();
+  // page_size 0 means limits().max_list_page.
+  absl::StatusOr<ListResult> ListKeys(absl::string_view prefix,
+                                      size_t page_size,
+                                      absl::string_view page_token);
+
+  // Calls `done` exactly once: with the keys' values (in order, if
+  // read_values) once all of them exist at the same time; with
+  // DEADLINE_EXCEEDED naming the missing keys once `timeout` passes; with
+  // INVALID_ARGUMENT for bad keys; or with the Shutdown status. `done` may
+  // run before this returns (then the result is 0), and otherwise on the
+  // thread that writes the last key or on the timer thread; it must not
+  // block. Returns an id for CancelWait.
+  WaitId WaitForKeys(std::vector<std::string> keys, bool read_values,
+                     absl::Duration timeout, ReadCallback done);
+
+  // Forgets a pending wait: its `done` is not called after this returns
+  // (unless it is already running). Unknown ids are ignored.
+  void CancelWait(WaitId id);
+
+  struct WatchStart {
+    WatchId id = 0;
+    // The watch delivers every change with revision >= this.
+    int64_t start_revision = 0;
+  };
+  // Delivers the retained changes to keys under `prefix` with revision >=
+  // from_revision (0: only changes after now), then every later one. Fails
+  // with OUT_OF_RANGE if from_revision is older than the retained history.
+  absl::StatusOr<WatchStart> Watch(absl::string_view prefix,
+                                   int64_t from_revision,
+                                   EventsCallback on_events,
+                                   CloseCallback on_close);
+  void CancelWatch(WatchId id);
+
+  // Ends every pending wait and watch with `status` (e.g. UNAVAILABLE while
+  // the server drains) and fails later blocking calls with it. Non-blocking
+  // calls keep working. Idempotent.
+  void Shutdown(absl::Status status);
+
+  // Makes every applied change durable (see KvEngine::Flush).
+  absl::Status Flush();
+
+ private:
+  struct Waiter;
+  struct Watcher {
+    std::string prefix;
+    EventsCallback on_events;
+    CloseCallback on_close;
+  };
+  // Callbacks collected under the lock and run after it is released.
+  using Deferred = std::vector<std::function<void()>>;
+
+  absl::Status ValidateKey(absl::string_view key) const;
+  absl::Status ValidateValue(absl::string_view value) const;
+  absl::Status ValidateKeys(absl::Span<const std::string> keys) const;
+
+  // Applies `mutations` as one revision, records and publishes their events
+  // and completes the waiters they satisfy (into `deferred`).
+  absl::StatusOr<int64_t> CommitLocked(std::vector<Mutation> mutations,
+                                       Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WakeWaitersLocked(absl::string_view key, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes `waiter` if all its keys exist, else re-registers the missing
+  // ones. Returns whether it completed.
+  bool TryCompleteLocked(std::unique_ptr<Waiter>& waiter, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnindexWaiterLocked(const Waiter& waiter)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnWaitTimeout(WaitId id) ABSL_LOCKS_EXCLUDED(mu_);
+  void TrimHistoryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const StoreLimits limits_;
+  DeadlineTimer timer_;
+
+  absl::Mutex mu_;
+  std::unique_ptr<KvEngine> engine_ ABSL_GUARDED_BY(mu_);
+  int64_t revision_ ABSL_GUARDED_BY(mu_) = 0;
+  // The newest revision at which a key was deleted: a waiter registered
+  // before it re-checks its keys before completing.
+  int64_t last_delete_revision_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status shutdown_ ABSL_GUARDED_BY(mu_);
+
+  WaitId next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<WaitId, std::unique_ptr<Waiter>> waiters_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::flat_hash_set<WaitId>>
+      waiters_by_key_ ABSL_GUARDED_BY(mu_);
+
+  WatchId next_watch_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<WatchId, Watcher> watchers_ ABSL_GUARDED_BY(mu_);
+  std::deque<Event> history_ ABSL_GUARDED_BY(mu_);
+  size_t history_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Changes at or below this revision are no longer in history_.
+  int64_t compacted_revision_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace cohort::store
+
+#endif  // COHORT_STORE_KV_STORE_H_

@@ -1,0 +1,395 @@
+#include "store/kv_store.h"
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace cohort::store {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Runs the same semantics tests on every engine.
+class KvStoreTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { store_ = Open(StoreLimits{}); }
+
+  std::unique_ptr<KvStore> Open(StoreLimits limits) {
+    store_.reset();
+    if (GetParam() == "memory") {
+      return std::make_unique<KvStore>(NewMemoryEngine(), limits);
+    }
+    dir_ = std::filesystem::path(testing::TempDir()) /
+           absl::StrCat("kv_store_test_", getpid(), "_", counter_++);
+    std::filesystem::remove_all(dir_);
+    auto engine = OpenRocksDbEngine({.path = dir_.string()});
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return std::make_unique<KvStore>(std::move(*engine), limits);
+  }
+
+  // The blocking Get/MultiGet/Wait a client sees.
+  absl::StatusOr<ReadResult> Read(std::vector<std::string> keys,
+                                  absl::Duration timeout = absl::Seconds(10),
+                                  bool read_values = true) {
+    absl::Notification done;
+    absl::StatusOr<ReadResult> result;
+    store_->WaitForKeys(std::move(keys), read_values, timeout,
+                        [&](absl::StatusOr<ReadResult> r) {
+                          result = std::move(r);
+                          done.Notify();
+                        });
+    done.WaitForNotification();
+    return result;
+  }
+
+  absl::StatusOr<std::string> Get(const std::string& key,
+                                  absl::Duration timeout = absl::Seconds(10)) {
+    absl::StatusOr<ReadResult> r = Read({key}, timeout);
+    if (!r.ok()) return r.status();
+    return r->values.at(0);
+  }
+
+  std::unique_ptr<KvStore> store_;
+  std::filesystem::path dir_;
+  int counter_ = 0;
+};
+
+TEST_P(KvStoreTest, SetThenGet) {
+  ASSERT_TRUE(store_->Set("k", "v1").ok());
+  EXPECT_EQ(*Get("k"), "v1");
+  ASSERT_TRUE(store_->Set("k", "v2").ok());
+  EXPECT_EQ(*Get("k"), "v2");
+  ASSERT_TRUE(store_->Set("empty", "").ok());
+  EXPECT_EQ(*Get("empty"), "");
+}
+
+TEST_P(KvStoreTest, BinaryKeysAndValues) {
+  const std::string key("a\0b\xff", 4), value("\0\1\2", 3);
+  ASSERT_TRUE(store_->Set(key, value).ok());
+  EXPECT_EQ(*Get(key), value);
+}
+
+TEST_P(KvStoreTest, EveryMutationAdvancesTheRevision) {
+  const int64_t r0 = store_->revision();
+  EXPECT_EQ(*store_->Set("a", "1"), r0 + 1);
+  EXPECT_EQ(store_->Add("n", 2)->revision, r0 + 2);
+  EXPECT_EQ(store_->CompareSet("a", "1", "2")->revision, r0 + 3);
+  EXPECT_EQ(*store_->Append("a", "x"), r0 + 4);
+  EXPECT_EQ(*store_->MultiSet({"b", "c"}, {"1", "2"}), r0 + 5);
+  EXPECT_EQ(store_->Delete("b")->revision, r0 + 6);
+  // Calls that change nothing report the current revision.
+  EXPECT_EQ(store_->CompareSet("a", "nope", "3")->revision, r0 + 6);
+  EXPECT_EQ(store_->Delete("missing")->revision, r0 + 6);
+  EXPECT_EQ(store_->revision(), r0 + 6);
+}
+
+TEST_P(KvStoreTest, AddCountsFromZeroAndStoresDecimal) {
+  EXPECT_EQ(store_->Add("n", 5)->value, 5);
+  EXPECT_EQ(store_->Add("n", 2)->value, 7);
+  EXPECT_EQ(*Get("n"), "7");
+  EXPECT_EQ(store_->Add("n", -10)->value, -3);
+  EXPECT_EQ(*Get("n"), "-3");
+  EXPECT_EQ(store_->Add("n", 0)->value, -3);
+  ASSERT_TRUE(store_->Set("m", "40").ok());
+  EXPECT_EQ(store_->Add("m", 2)->value, 42);
+}
+
+TEST_P(KvStoreTest, AddOnNonIntegerIsAClearError) {
+  ASSERT_TRUE(store_->Set("s", "hello").ok());
+  absl::StatusOr<AddResult> r = store_->Add("s", 1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("not a decimal int64"));
+  EXPECT_THAT(r.status().message(), HasSubstr("\"s\""));
+  EXPECT_EQ(*Get("s"), "hello");
+}
+
+TEST_P(KvStoreTest, AddOverflowIsOutOfRange) {
+  ASSERT_TRUE(store_->Add("n", INT64_MAX).ok());
+  EXPECT_EQ(store_->Add("n", 1).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(*Get("n"), absl::StrCat(INT64_MAX));
+}
+
+TEST_P(KvStoreTest, CompareSetFollowsC10dTable) {
+  // Missing key, empty expected: writes desired and returns it.
+  auto r = store_->CompareSet("a", "", "first");
+  EXPECT_EQ(r->value, "first");
+  EXPECT_TRUE(r->swapped);
+  EXPECT_EQ(*Get("a"), "first");
+
+  // Missing key, non-empty expected: writes nothing, returns expected.
+  r = store_->CompareSet("b", "guess", "x");
+  EXPECT_EQ(r->value, "guess");
+  EXPECT_FALSE(r->swapped);
+  EXPECT_FALSE(store_->Check({"b"})->all_exist);
+
+  // Current == expected: writes desired, returns it.
+  r = store_->CompareSet("a", "first", "second");
+  EXPECT_EQ(r->value, "second");
+  EXPECT_TRUE(r->swapped);
+  EXPECT_EQ(*Get("a"), "second");
+
+  // Otherwise: writes nothing, returns the current value.
+  r = store_->CompareSet("a", "stale", "third");
+  EXPECT_EQ(r->value, "second");
+  EXPECT_FALSE(r->swapped);
+  EXPECT_EQ(*Get("a"), "second");
+
+  // An existing empty value matches an empty expected.
+  ASSERT_TRUE(store_->Set("e", "").ok());
+  r = store_->CompareSet("e", "", "filled");
+  EXPECT_TRUE(r->swapped);
+  EXPECT_EQ(*Get("e"), "filled");
+}
+
+TEST_P(KvStoreTest, CheckDeleteAndNumKeys) {
+  EXPECT_EQ(store_->NumKeys()->num_keys, 0);
+  ASSERT_TRUE(store_->Set("a", "1").ok());
+  ASSERT_TRUE(store_->Set("b", "2").ok());
+  ASSERT_TRUE(store_->Set("a", "3").ok());
+  EXPECT_EQ(store_->NumKeys()->num_keys, 2);
+  EXPECT_TRUE(store_->Check({"a", "b"})->all_exist);
+  EXPECT_FALSE(store_->Check({"a", "c"})->all_exist);
+  EXPECT_TRUE(store_->Check({})->all_exist);
+
+  EXPECT_TRUE(store_->Delete("a")->deleted);
+  EXPECT_FALSE(store_->Delete("a")->deleted);
+  EXPECT_FALSE(store_->Check({"a"})->all_exist);
+  EXPECT_EQ(store_->NumKeys()->num_keys, 1);
+}
+
+TEST_P(KvStoreTest, MultiSetIsOneRevisionAndMultiGetReadsInOrder) {
+  const int64_t before = store_->revision();
+  ASSERT_TRUE(store_->MultiSet({"x", "y", "z", "x"}, {"1", "2", "3", "4"}).ok());
+  EXPECT_EQ(store_->revision(), before + 1);
+  EXPECT_EQ(store_->NumKeys()->num_keys, 3);
+  absl::StatusOr<ReadResult> r = Read({"z", "x", "y"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_THAT(r->values, ElementsAre("3", "4", "2"));
+
+  EXPECT_EQ(store_->MultiSet({"a"}, {"1", "2"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(KvStoreTest, AppendConcatenates) {
+  ASSERT_TRUE(store_->Append("log", "ab").ok());
+  ASSERT_TRUE(store_->Append("log", "cd").ok());
+  EXPECT_EQ(*Get("log"), "abcd");
+}
+
+TEST_P(KvStoreTest, ListKeysPagesThroughAPrefix) {
+  for (int i = 0; i < 25; ++i) {
+    ASSERT_TRUE(store_->Set(absl::StrCat("job/", 100 + i), "v").ok());
+  }
+  ASSERT_TRUE(store_->Set("jo", "outside").ok());
+  ASSERT_TRUE(store_->Set("jobz", "outside").ok());
+  ASSERT_TRUE(store_->Set("k", "outside").ok());
+
+  std::vector<std::string> all;
+  std::string token;
+  int pages = 0;
+  do {
+    absl::StatusOr<ListResult> page = store_->ListKeys("job/", 10, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    all.insert(all.end(), page->keys.begin(), page->keys.end());
+    token = page->next_page_token;
+    ++pages;
+  } while (!token.empty());
+  EXPECT_EQ(pages, 3);
+  ASSERT_EQ(all.size(), 25u);
+  EXPECT_EQ(all.front(), "job/100");
+  EXPECT_EQ(all.back(), "job/124");
+  EXPECT_TRUE(std::is_sorted(all.begin(), all.end()));
+
+  EXPECT_EQ(store_->ListKeys("", 0, "")->keys.size(), 28u);
+  EXPECT_EQ(store_->ListKeys("job/", 0, "other").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->ListKeys("job/", 1 << 20, "").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(KvStoreTest, BlockedGetIsReleasedBySetFromAnotherThread) {
+  absl::Notification done;
+  absl::StatusOr<ReadResult> result;
+  store_->WaitForKeys({"later"}, true, absl::Seconds(10),
+                      [&](absl::StatusOr<ReadResult> r) {
+                        result = std::move(r);
+                        done.Notify();
+                      });
+  EXPECT_FALSE(done.HasBeenNotified());
+  std::thread writer([&] { ASSERT_TRUE(store_->Set("later", "here").ok()); });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  writer.join();
+  ASSERT_TRUE(result.ok());
+  EXPECT_THAT(result->values, ElementsAre("here"));
+}
+
+TEST_P(KvStoreTest, WaitTimeoutNamesTheMissingKeys) {
+  ASSERT_TRUE(store_->Set("present", "1").ok());
+  absl::StatusOr<ReadResult> r =
+      Read({"present", "absent1", "absent2"}, absl::Milliseconds(50));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(r.status().message(), HasSubstr("2 of 3 keys"));
+  EXPECT_THAT(r.status().message(), HasSubstr("\"absent1\""));
+  EXPECT_THAT(r.status().message(), HasSubstr("\"absent2\""));
+  EXPECT_THAT(r.status().message(), ::testing::Not(HasSubstr("\"present\"")));
+}
+
+TEST_P(KvStoreTest, WaitOnExistingKeysReturnsAtOnce) {
+  ASSERT_TRUE(store_->MultiSet({"a", "b"}, {"1", "2"}).ok());
+  EXPECT_TRUE(Read({"a", "b"}, absl::Milliseconds(1), false).ok());
+  EXPECT_TRUE(Read({}, absl::Milliseconds(1), false).ok());
+}
+
+TEST_P(KvStoreTest, WaitSeesAllKeysPresentTogether) {
+  absl::Notification done;
+  store_->WaitForKeys({"a", "b"}, false, absl::Seconds(10),
+                      [&](absl::StatusOr<ReadResult>) { done.Notify(); });
+  ASSERT_TRUE(store_->Set("a", "1").ok());
+  ASSERT_TRUE(store_->Delete("a").ok());
+  ASSERT_TRUE(store_->Set("b", "1").ok());
+  // "a" came and went: the waiter must still be waiting for it.
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(30)));
+  ASSERT_TRUE(store_->Set("a", "2").ok());
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+}
+
+TEST_P(KvStoreTest, CancelledWaitNeverCompletes) {
+  std::atomic<bool> called{false};
+  KvStore::WaitId id = store_->WaitForKeys(
+      {"k"}, true, absl::Milliseconds(30),
+      [&](absl::StatusOr<ReadResult>) { called = true; });
+  ASSERT_NE(id, 0u);
+  store_->CancelWait(id);
+  ASSERT_TRUE(store_->Set("k", "v").ok());
+  absl::SleepFor(absl::Milliseconds(60));
+  EXPECT_FALSE(called);
+}
+
+TEST_P(KvStoreTest, ShutdownEndsWaitersAndWatchers) {
+  absl::Notification waited, closed;
+  absl::Status wait_status, close_status;
+  store_->WaitForKeys({"never"}, true, absl::Seconds(60),
+                      [&](absl::StatusOr<ReadResult> r) {
+                        wait_status = r.status();
+                        waited.Notify();
+                      });
+  ASSERT_TRUE(store_
+                  ->Watch("", 0, [](std::vector<Event>) {},
+                          [&](absl::Status s) {
+                            close_status = s;
+                            closed.Notify();
+                          })
+                  .ok());
+  store_->Shutdown(absl::UnavailableError("draining"));
+  ASSERT_TRUE(waited.HasBeenNotified());
+  ASSERT_TRUE(closed.HasBeenNotified());
+  EXPECT_EQ(wait_status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(close_status.code(), absl::StatusCode::kUnavailable);
+  // New blocking calls fail at once; plain ones still work.
+  EXPECT_EQ(Read({"never"}).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(store_->Set("k", "v").ok());
+}
+
+TEST_P(KvStoreTest, EightThreadsAddExactly) {
+  constexpr int kThreads = 8, kAdds = 1000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kAdds; ++i) ASSERT_TRUE(store_->Add("n", 1).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(*Get("n"), absl::StrCat(kThreads * kAdds));
+}
+
+TEST_P(KvStoreTest, LimitsAreEnforcedAndNamed) {
+  store_ = Open({.max_key_bytes = 8, .max_value_bytes = 16,
+                 .max_keys_per_call = 3});
+  auto expect_invalid = [](absl::Status s, absl::string_view needle) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr(needle));
+  };
+  expect_invalid(store_->Set("", "v").status(), "must not be empty");
+  expect_invalid(store_->Set("123456789", "v").status(), "max_key_bytes");
+  expect_invalid(store_->Set("k", std::string(17, 'x')).status(),
+                 "max_value_bytes");
+  expect_invalid(store_->Check({"a", "b", "c", "d"}).status(),
+                 "max_keys_per_call");
+  expect_invalid(store_->Add("", 1).status(), "must not be empty");
+  expect_invalid(Read({"a", ""}).status(), "must not be empty");
+  ASSERT_TRUE(store_->Set("k", std::string(16, 'x')).ok());
+  expect_invalid(store_->Append("k", "y").status(), "max_value_bytes");
+  EXPECT_EQ(*Get("k"), std::string(16, 'x'));
+}
+
+TEST_P(KvStoreTest, WatchStreamsMatchingChangesInOrder) {
+  absl::Mutex mu;
+  std::vector<Event> seen;
+  auto start = store_->Watch(
+      "job/", 0,
+      [&](std::vector<Event> events) {
+        absl::MutexLock l(&mu);
+        for (auto& e : events) seen.push_back(std::move(e));
+      },
+      [](absl::Status) {});
+  ASSERT_TRUE(start.ok());
+  EXPECT_EQ(start->start_revision, store_->revision() + 1);
+  ASSERT_TRUE(store_->Set("job/a", "1").ok());
+  ASSERT_TRUE(store_->Set("other", "x").ok());
+  ASSERT_TRUE(store_->Add("job/n", 3).ok());
+  ASSERT_TRUE(store_->Delete("job/a").ok());
+  store_->CancelWatch(start->id);
+  ASSERT_TRUE(store_->Set("job/late", "unseen").ok());
+
+  absl::MutexLock l(&mu);
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0].key, "job/a");
+  EXPECT_EQ(*seen[0].value, "1");
+  EXPECT_EQ(seen[1].key, "job/n");
+  EXPECT_EQ(*seen[1].value, "3");
+  EXPECT_EQ(seen[2].type, Event::Type::kDelete);
+  EXPECT_LT(seen[0].revision, seen[1].revision);
+  EXPECT_LT(seen[1].revision, seen[2].revision);
+}
+
+TEST_P(KvStoreTest, WatchResumesFromARevision) {
+  ASSERT_TRUE(store_->Set("a", "1").ok());
+  const int64_t from = *store_->Set("a", "2");
+  ASSERT_TRUE(store_->Set("a", "3").ok());
+  std::vector<std::string> values;
+  auto start = store_->Watch(
+      "a", from,
+      [&](std::vector<Event> events) {
+        for (auto& e : events) values.push_back(*e.value);
+      },
+      [](absl::Status) {});
+  ASSERT_TRUE(start.ok());
+  ASSERT_TRUE(store_->Set("a", "4").ok());
+  EXPECT_THAT(values, ElementsAre("2", "3", "4"));
+}
+
+TEST_P(KvStoreTest, WatchFromCompactedRevisionIsOutOfRange) {
+  store_ = Open({.history_events = 4});
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(store_->Set("k", "v").ok());
+  auto start = store_->Watch("", 1, [](std::vector<Event>) {},
+                             [](absl::Status) {});
+  EXPECT_EQ(start.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(start.status().message(), HasSubstr("list the keys"));
+  EXPECT_TRUE(store_->Watch("", store_->revision() - 2,
+                            [](std::vector<Event>) {}, [](absl::Status) {})
+                  .ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, KvStoreTest,
+                         ::testing::Values("memory", "rocksdb"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace cohort::store

@@ -1,0 +1,32 @@
+"""cc_grpc_proto: one .proto -> a cc_library with its messages and gRPC stubs.
+
+Debian's Bazel has no rules_proto, so this runs the system protoc and
+grpc_cpp_plugin from a genrule. Use it from //proto: the proto path root is
+that package, so code includes "cohort/v1/foo.grpc.pb.h" and protos import
+"cohort/v1/foo.proto".
+"""
+
+def cc_grpc_proto(name, src, deps = [], visibility = None):
+    base = src[:-len(".proto")]
+    native.genrule(
+        name = name + "_gen",
+        srcs = [src] + [d + "_src" for d in deps],
+        outs = [base + ext for ext in [".pb.h", ".pb.cc", ".grpc.pb.h", ".grpc.pb.cc"]],
+        cmd = " ".join([
+            "protoc",
+            "--proto_path=%s" % native.package_name(),
+            "--cpp_out=$(GENDIR)/%s" % native.package_name(),
+            "--grpc_out=$(GENDIR)/%s" % native.package_name(),
+            "--plugin=protoc-gen-grpc=$$(which grpc_cpp_plugin)",
+            "$(location %s)" % src,
+        ]),
+    )
+    native.filegroup(name = name + "_src", srcs = [src], visibility = visibility)
+    native.cc_library(
+        name = name,
+        srcs = [base + ".pb.cc", base + ".grpc.pb.cc"],
+        hdrs = [base + ".pb.h", base + ".grpc.pb.h"],
+        includes = ["."],
+        deps = deps + ["//third_party:grpc", "//third_party:protobuf"],
+        visibility = visibility,
+    )
