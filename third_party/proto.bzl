@@ -15,6 +15,7 @@ def cc_grpc_proto(name, src, deps = [], visibility = None):
         cmd = " ".join([
             "protoc",
             "--proto_path=%s" % native.package_name(),
+            "--proto_path=$(GENDIR)/%s" % native.package_name(),
             "--cpp_out=$(GENDIR)/%s" % native.package_name(),
             "--grpc_out=$(GENDIR)/%s" % native.package_name(),
             "--plugin=protoc-gen-grpc=$$(which grpc_cpp_plugin)",

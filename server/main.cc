@@ -1,0 +1,146 @@
+// cohortd: the cohort coordinator. Serves cohort.v1.Store (plus
+// grpc.health.v1 and server reflection) over gRPC, backed by RocksDB in
+// --data_dir or, with --engine=memory, by nothing durable.
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "server/cohort_server.h"
+#include "store/kv_engine.h"
+#include "store/kv_store.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:29500",
+          "HOST:PORT to serve on; port 0 picks a free one");
+ABSL_FLAG(std::string, data_dir, "./cohort-data",
+          "folder holding the RocksDB database (--engine=rocksdb)");
+ABSL_FLAG(std::string, engine, "rocksdb",
+          "storage engine: rocksdb (durable) or memory (lost on exit)");
+ABSL_FLAG(bool, sync_writes, false,
+          "fsync the write-ahead log on every mutation: survives power loss, "
+          "costs one fsync per write. Without it, writes survive a killed "
+          "cohortd but not a crashed machine");
+ABSL_FLAG(uint64_t, max_key_bytes, 4096, "largest key accepted, in bytes");
+ABSL_FLAG(uint64_t, max_value_bytes, 8 << 20,
+          "largest value accepted (also the largest Append result), in bytes");
+ABSL_FLAG(uint64_t, max_keys_per_call, 128 << 10,
+          "most keys one Wait/Check/MultiGet/MultiSet may name");
+ABSL_FLAG(uint64_t, max_list_page, 10000, "most keys one ListKeys page returns");
+ABSL_FLAG(uint64_t, watch_history_events, 100000,
+          "changes kept in memory so a Watch can resume from a past revision");
+ABSL_FLAG(uint64_t, watch_history_bytes, 64 << 20,
+          "bytes of changes kept for resuming watches");
+ABSL_FLAG(uint64_t, watch_buffer_bytes, 64 << 20,
+          "unsent bytes after which a slow watcher is cut off "
+          "(RESOURCE_EXHAUSTED)");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5),
+          "on SIGTERM/SIGINT, how long calls in flight get to finish");
+
+namespace {
+
+void Log(const std::string& message) {
+  std::fprintf(stderr, "%s cohortd: %s\n",
+               absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(),
+                                absl::UTCTimeZone())
+                   .c_str(),
+               message.c_str());
+  std::fflush(stderr);
+}
+
+int Fail(const absl::Status& status) {
+  Log(absl::StrCat("fatal: ", status.message()));
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "cohortd --listen=HOST:PORT --data_dir=DIR [--engine=rocksdb|memory]\n"
+      "The cohort coordinator: a c10d-style key-value store over gRPC.");
+  absl::ParseCommandLine(argc, argv);
+
+  // Signals are taken synchronously by sigwait below; block them before any
+  // thread starts so every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  cohort::store::StoreLimits limits;
+  limits.max_key_bytes = absl::GetFlag(FLAGS_max_key_bytes);
+  limits.max_value_bytes = absl::GetFlag(FLAGS_max_value_bytes);
+  limits.max_keys_per_call = absl::GetFlag(FLAGS_max_keys_per_call);
+  limits.max_list_page = absl::GetFlag(FLAGS_max_list_page);
+  limits.history_events = absl::GetFlag(FLAGS_watch_history_events);
+  limits.history_bytes = absl::GetFlag(FLAGS_watch_history_bytes);
+  if (limits.max_key_bytes == 0 || limits.max_keys_per_call == 0 ||
+      limits.max_list_page == 0) {
+    return Fail(absl::InvalidArgumentError(
+        "--max_key_bytes, --max_keys_per_call and --max_list_page must be > 0"));
+  }
+
+  const std::string engine_name = absl::GetFlag(FLAGS_engine);
+  std::string where;
+  std::unique_ptr<cohort::store::KvEngine> engine;
+  if (engine_name == "memory") {
+    engine = cohort::store::NewMemoryEngine();
+    where = "memory (nothing is persisted)";
+  } else if (engine_name == "rocksdb") {
+    std::error_code ec;
+    std::filesystem::path dir = std::filesystem::absolute(
+        absl::GetFlag(FLAGS_data_dir), ec);
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
+          "cannot create --data_dir ", dir.string(), ": ", ec.message())));
+    }
+    auto opened = cohort::store::OpenRocksDbEngine(
+        {.path = dir.string(), .sync_writes = absl::GetFlag(FLAGS_sync_writes)});
+    if (!opened.ok()) return Fail(opened.status());
+    engine = std::move(*opened);
+    where = absl::StrCat("rocksdb in ", dir.string(),
+                         absl::GetFlag(FLAGS_sync_writes) ? " (sync writes)"
+                                                          : "");
+  } else {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--engine must be rocksdb or memory, got '", engine_name, "'")));
+  }
+  const int64_t keys = engine->NumKeys();
+  auto store =
+      std::make_unique<cohort::store::KvStore>(std::move(engine), limits);
+  const int64_t revision = store->revision();
+
+  cohort::server::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.store_service.watch_buffer_bytes =
+      absl::GetFlag(FLAGS_watch_buffer_bytes);
+  auto server = cohort::server::CohortServer::Start(std::move(store), options);
+  if (!server.ok()) return Fail(server.status());
+
+  std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  Log(absl::StrFormat(
+      "serving cohort.v1.Store on %s:%d; store: %s; %d keys at revision %d",
+      host, (*server)->port(), where, keys, revision));
+
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  Log(absl::StrCat("received ", signal == SIGTERM ? "SIGTERM" : "SIGINT",
+                   "; draining: refusing new calls, ending waiters with "
+                   "UNAVAILABLE, giving calls in flight ",
+                   absl::FormatDuration(absl::GetFlag(FLAGS_shutdown_grace))));
+  absl::Status drained = (*server)->Drain(absl::GetFlag(FLAGS_shutdown_grace));
+  const int64_t final_revision = (*server)->store().revision();
+  server->reset();
+  if (!drained.ok()) return Fail(drained);
+  Log(absl::StrCat("stopped cleanly at revision ", final_revision));
+  return 0;
+}
