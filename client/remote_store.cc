@@ -57,6 +57,9 @@ RemoteStore::RemoteStore(const RemoteStoreOptions& options)
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
+  // Each RemoteStore gets a connection of its own rather than sharing one
+  // with every other channel to the same address in the process.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // Reconnect quickly after a cohortd restart.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
