@@ -77,13 +77,19 @@ std::string Address() {
   return addr;
 }
 
-int RunWatch(cohort::Store& store, const std::string& prefix) {
-  // Stop on Ctrl-C or SIGTERM, taken synchronously on this thread.
+// Blocks SIGINT/SIGTERM in every thread, so `watch` can take them with
+// sigtimedwait. Called before any thread (gRPC's included) starts.
+sigset_t BlockStopSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+int RunWatch(cohort::Store& store, const std::string& prefix,
+             const sigset_t& stop_signals) {
   auto watch = store.Watch(prefix, 0, [](const cohort::WatchEvent& e) {
     PrintLine(absl::StrCat(
         e.revision, " ",
@@ -91,22 +97,26 @@ int RunWatch(cohort::Store& store, const std::string& prefix) {
         e.type == cohort::WatchEvent::Type::kPut ? " " : "", e.value));
   });
   if (!watch.ok()) return Fail(watch.status());
-  // Ends on a signal, or when the watch fails (a helper thread reports it).
-  absl::Status ended;
+  // Runs until a stop signal, or until the watch fails.
+  absl::Notification ended;
+  absl::Status status;
   std::thread waiter([&] {
-    ended = (*watch)->Wait();
-    kill(getpid(), SIGTERM);
+    status = (*watch)->Wait();
+    ended.Notify();
   });
-  int signal = 0;
-  sigwait(&signals, &signal);
+  const timespec poll = {0, 100 * 1000 * 1000};
+  while (!ended.HasBeenNotified()) {
+    if (sigtimedwait(&stop_signals, nullptr, &poll) > 0) break;
+  }
   (*watch)->Cancel();
   waiter.join();
-  return ended.ok() ? 0 : Fail(ended);
+  return status.ok() ? 0 : Fail(status);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  const sigset_t stop_signals = BlockStopSignals();
   absl::SetProgramUsageMessage(kUsage);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   std::vector<std::string> args(positional.begin() + 1, positional.end());
@@ -124,6 +134,12 @@ int main(int argc, char** argv) {
   const double timeout_s = absl::GetFlag(FLAGS_timeout);
   if (!(timeout_s > 0)) return Usage("--timeout must be > 0 seconds");
   const absl::Duration timeout = absl::Seconds(timeout_s);
+
+  if (command != "watch") {
+    // Other commands die of SIGINT/SIGTERM as usual: the main thread takes
+    // them (gRPC's threads keep them blocked).
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+  }
 
   auto need = [&](size_t min, size_t max) {
     return args.size() >= min && args.size() <= max;
@@ -194,7 +210,7 @@ int main(int argc, char** argv) {
   }
   if (command == "watch") {
     if (!need(0, 1)) return Usage("watch takes at most a PREFIX");
-    return RunWatch(store, args.empty() ? "" : args[0]);
+    return RunWatch(store, args.empty() ? "" : args[0], stop_signals);
   }
   return Usage(absl::StrCat("unknown command '", command, "'"));
 }

@@ -314,10 +314,24 @@ class RemoteStore::RemoteWatch final : public WatchHandle {
     return status_;
   }
 
+  // Blocks until cohortd has registered the watch (its first message) or the
+  // watch has ended; returns the error it ended with, if any.
+  absl::Status WaitStarted() {
+    absl::MutexLock lock(&mu_);
+    auto started_or_ended = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return started_ || ended_;
+    };
+    mu_.Await(absl::Condition(&started_or_ended));
+    return started_ ? absl::OkStatus() : status_;
+  }
+
  private:
   void Run() {
     absl::Duration backoff = store_->options_.initial_backoff;
-    int failures = 0;
+    // A watch outlives restarts of cohortd: it gives up only after going
+    // connect_timeout without a working stream.
+    absl::Time last_ok = absl::Now();
+    int attempts = 0;
     absl::Status status;
     for (;;) {
       grpc::ClientContext context;
@@ -326,6 +340,7 @@ class RemoteStore::RemoteWatch final : public WatchHandle {
         if (cancelled_) break;
         context_ = &context;
       }
+      ++attempts;
       v1::WatchRequest req;
       req.set_prefix(prefix_);
       req.set_from_revision(next_revision_);
@@ -333,9 +348,14 @@ class RemoteStore::RemoteWatch final : public WatchHandle {
           store_->stub_->Watch(&context, req);
       v1::WatchResponse resp;
       while (reader->Read(&resp)) {
-        failures = 0;
+        last_ok = absl::Now();
+        attempts = 0;
         backoff = store_->options_.initial_backoff;
         if (next_revision_ == 0) next_revision_ = resp.start_revision();
+        if (resp.events_size() == 0) {
+          absl::MutexLock lock(&mu_);
+          started_ = true;
+        }
         for (const v1::Event& e : resp.events()) {
           WatchEvent event;
           event.type = e.type() == v1::Event::DELETE ? WatchEvent::Type::kDelete
@@ -354,8 +374,8 @@ class RemoteStore::RemoteWatch final : public WatchHandle {
         if (cancelled_) break;
       }
       if (finished.error_code() != grpc::StatusCode::UNAVAILABLE ||
-          ++failures >= store_->options_.max_attempts) {
-        status = store_->Explain("watch", finished, failures);
+          absl::Now() - last_ok > store_->options_.connect_timeout) {
+        status = store_->Explain("watch", finished, attempts);
         break;
       }
       // cohortd restarted or the connection broke: resume where we were.
@@ -374,6 +394,7 @@ class RemoteStore::RemoteWatch final : public WatchHandle {
   const WatchCallback callback_;
   absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -386,8 +407,10 @@ absl::StatusOr<std::unique_ptr<WatchHandle>> RemoteStore::Watch(
     return absl::InvalidArgumentError(
         absl::StrCat("watch: from_revision must be >= 0, got ", from_revision));
   }
-  return std::make_unique<RemoteWatch>(this, std::string(prefix),
-                                       from_revision, std::move(callback));
+  auto watch = std::make_unique<RemoteWatch>(
+      this, std::string(prefix), from_revision, std::move(callback));
+  if (absl::Status s = watch->WaitStarted(); !s.ok()) return s;
+  return watch;
 }
 
 }  // namespace cohort

@@ -6,7 +6,8 @@
 // connect_timeout for a (re)connection. Calls that are safe to repeat are
 // retried with exponential backoff when the server is UNAVAILABLE; Add,
 // Append and CompareSet are not, because the first attempt may have been
-// applied. Watches resume from the last revision they delivered.
+// applied. Watches resume from the last revision they delivered, and keep
+// trying for connect_timeout when cohortd is away.
 #ifndef COHORT_CLIENT_REMOTE_STORE_H_
 #define COHORT_CLIENT_REMOTE_STORE_H_
 

@@ -121,6 +121,9 @@ class Store {
 
   // Calls `callback` for every change to keys starting with `prefix`: from
   // `from_revision` if > 0 (replaying retained history), else from now.
+  // Returns once the watch is registered, so every change made after it
+  // returns is delivered. OUT_OF_RANGE if from_revision is older than the
+  // server's retained history.
   virtual absl::StatusOr<std::unique_ptr<WatchHandle>> Watch(
       absl::string_view prefix, int64_t from_revision,
       WatchCallback callback) = 0;

@@ -1,6 +1,7 @@
 #include "server/cohort_server.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -8,6 +9,12 @@
 #include "grpcpp/server_builder.h"
 
 namespace cohort::server {
+namespace {
+
+// Time for gRPC to send GOAWAY on every connection once Shutdown begins.
+constexpr absl::Duration kGoawayDelay = absl::Milliseconds(100);
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
     std::unique_ptr<store::KvStore> store, const ServerOptions& options) {
@@ -52,9 +59,16 @@ absl::Status CohortServer::Drain(absl::Duration grace) {
   if (drained_) return absl::OkStatus();
   drained_ = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  // Stop accepting first: Shutdown closes the listener and tells every
+  // connection (HTTP/2 GOAWAY) to take no new calls, then waits for the
+  // calls in flight. Only then are the blocked calls ended, so a client
+  // that retries at once cannot land on this dying server again.
+  std::thread stopper(
+      [this, grace] { server_->Shutdown(absl::ToChronoTime(absl::Now() + grace)); });
+  absl::SleepFor(kGoawayDelay);
   store_->Shutdown(absl::UnavailableError(
       "cohortd is shutting down; retry against its replacement"));
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  stopper.join();
   server_->Wait();
   return store_->Flush();
 }

@@ -1,0 +1,256 @@
+// cohortd as a real process: durability across kill -9, restarts, thread
+// usage under many blocked calls, health, reflection and SIGTERM draining.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/remote_store.h"
+#include "cohort/v1/store.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "tests/cohortd_process.h"
+
+namespace cohort {
+namespace {
+
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using testing::CohortdProcess;
+
+std::string FreshDir(const std::string& name) {
+  auto dir = std::filesystem::path(::testing::TempDir()) / name;
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+std::unique_ptr<RemoteStore> Client(const std::string& address) {
+  RemoteStoreOptions options;
+  options.address = address;
+  options.connect_timeout = absl::Seconds(10);
+  auto store = RemoteStore::Connect(options);
+  EXPECT_TRUE(store.ok());
+  return std::move(*store);
+}
+
+TEST(CohortdTest, AcknowledgedWritesSurviveKill9) {
+  const std::string dir = FreshDir("kill9");
+  auto server = CohortdProcess::Start({"--data_dir=" + dir});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = server->port();
+  {
+    std::unique_ptr<RemoteStore> store = Client(server->address());
+    for (int i = 0; i < 500; ++i) {
+      ASSERT_TRUE(store->Set(absl::StrCat("key/", i), absl::StrCat("v", i)).ok());
+      ASSERT_TRUE(store->Add("counter", 3).ok());
+    }
+    ASSERT_TRUE(store->MultiSet({"m/a", "m/b"}, {"1", "2"}).ok());
+    ASSERT_TRUE(store->Append("log", "abc").ok());
+  }
+  // No flush, no goodbye: every acknowledged write must be in the WAL.
+  int status = server->Stop(SIGKILL);
+  ASSERT_TRUE(WIFSIGNALED(status));
+
+  auto restarted = CohortdProcess::Start({"--data_dir=" + dir}, port);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  EXPECT_THAT(restarted->Log(), HasSubstr("504 keys at revision 1002"));
+  std::unique_ptr<RemoteStore> store = Client(restarted->address());
+  for (int i = 0; i < 500; ++i) {
+    EXPECT_EQ(*store->Get(absl::StrCat("key/", i), absl::Seconds(1)),
+              absl::StrCat("v", i));
+  }
+  EXPECT_EQ(*store->Get("counter"), "1500");
+  EXPECT_EQ(*store->Add("counter", 1), 1501);
+  EXPECT_EQ(*store->Get("m/b"), "2");
+  EXPECT_EQ(*store->Get("log"), "abc");
+  EXPECT_EQ(*store->NumKeys(), 504);
+}
+
+TEST(CohortdTest, ClientsRideThroughARestart) {
+  const std::string dir = FreshDir("restart");
+  auto server = CohortdProcess::Start({"--data_dir=" + dir});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = server->port();
+  std::unique_ptr<RemoteStore> store = Client(server->address());
+  ASSERT_TRUE(store->Set("before", "1").ok());
+
+  absl::Mutex mu;
+  std::vector<std::string> seen;
+  auto watch = store->Watch("w/", 0, [&](const WatchEvent& e) {
+    absl::MutexLock l(&mu);
+    seen.push_back(e.key);
+  });
+  ASSERT_TRUE(watch.ok());
+  ASSERT_TRUE(store->Set("w/1", "x").ok());
+
+  ASSERT_EQ(server->Stop(SIGTERM), 0);
+  auto restarted = CohortdProcess::Start({"--data_dir=" + dir}, port);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+
+  // The same client object reconnects; the watch resumes where it was.
+  ASSERT_TRUE(store->Set("w/2", "y").ok());
+  EXPECT_EQ(*store->Get("before"), "1");
+  absl::MutexLock l(&mu);
+  mu.AwaitWithTimeout(
+      absl::Condition(
+          +[](std::vector<std::string>* s) { return s->size() >= 2; }, &seen),
+      absl::Seconds(15));
+  EXPECT_THAT(seen, ::testing::ElementsAre("w/1", "w/2"));
+}
+
+TEST(CohortdTest, TwoThousandBlockedGetsHoldNoThreads) {
+  auto server = CohortdProcess::Start({"--engine=memory"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  constexpr int kCalls = 2000, kChannels = 4;
+  std::vector<std::unique_ptr<v1::Store::Stub>> stubs;
+  for (int c = 0; c < kChannels; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    stubs.push_back(v1::Store::NewStub(grpc::CreateCustomChannel(
+        server->address(), grpc::InsecureChannelCredentials(), args)));
+  }
+  const int threads_idle = server->ThreadCount();
+
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::GetRequest req;
+    v1::GetResponse resp;
+    grpc::Status status;
+  };
+  std::vector<Call> calls(kCalls);
+  absl::Mutex mu;
+  int done = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    Call& call = calls[i];
+    call.req.set_key(absl::StrCat("rank/", i));
+    call.req.set_timeout_ms(60000);
+    call.ctx.set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::seconds(90));
+    stubs[i % kChannels]->async()->Get(&call.ctx, &call.req, &call.resp,
+                                       [&, i](grpc::Status s) {
+                                         calls[i].status = std::move(s);
+                                         absl::MutexLock l(&mu);
+                                         ++done;
+                                       });
+  }
+  // Let every call reach the server and block there.
+  absl::SleepFor(absl::Seconds(2));
+  const int threads_blocked = server->ThreadCount();
+  {
+    absl::MutexLock l(&mu);
+    EXPECT_EQ(done, 0) << "calls completed before their keys existed";
+  }
+  std::cerr << "cohortd threads: idle " << threads_idle << ", with " << kCalls
+            << " blocked gets " << threads_blocked << "\n";
+  // A thread per call would be 2,000; gRPC's pool may grow a little.
+  EXPECT_LT(threads_blocked, threads_idle + 32);
+
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < kCalls; ++i) {
+    keys.push_back(absl::StrCat("rank/", i));
+    values.push_back(absl::StrCat("addr-", i));
+  }
+  std::unique_ptr<RemoteStore> writer = Client(server->address());
+  ASSERT_TRUE(writer->MultiSet(keys, values).ok());
+  {
+    absl::MutexLock l(&mu);
+    auto all_done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) {
+      return done == kCalls;
+    };
+    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all_done),
+                                    absl::Seconds(60)));
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    ASSERT_TRUE(calls[i].status.ok()) << i << ": " << calls[i].status.error_message();
+    EXPECT_EQ(calls[i].resp.value(), absl::StrCat("addr-", i));
+  }
+}
+
+TEST(CohortdTest, HealthIsServingAndReflectionListsTheStore) {
+  auto server = CohortdProcess::Start({"--engine=memory"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel(server->address(),
+                                     grpc::InsecureChannelCredentials());
+
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  for (const std::string service : {"", "cohort.v1.Store"}) {
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse resp;
+    ASSERT_TRUE(health->Check(&ctx, req, &resp).ok());
+    EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING)
+        << "service '" << service << "'";
+  }
+
+  auto reflection =
+      grpc::reflection::v1alpha::ServerReflection::NewStub(channel);
+  grpc::ClientContext ctx;
+  auto stream = reflection->ServerReflectionInfo(&ctx);
+  grpc::reflection::v1alpha::ServerReflectionRequest req;
+  req.set_list_services("");
+  ASSERT_TRUE(stream->Write(req));
+  grpc::reflection::v1alpha::ServerReflectionResponse resp;
+  ASSERT_TRUE(stream->Read(&resp));
+  std::vector<std::string> services;
+  for (const auto& s : resp.list_services_response().service()) {
+    services.push_back(s.name());
+  }
+  EXPECT_THAT(services, Contains("cohort.v1.Store"));
+  EXPECT_THAT(services, Contains("grpc.health.v1.Health"));
+
+  // `describe`: the file defining the service comes back.
+  req.set_file_containing_symbol("cohort.v1.Store");
+  ASSERT_TRUE(stream->Write(req));
+  ASSERT_TRUE(stream->Read(&resp));
+  EXPECT_GT(resp.file_descriptor_response().file_descriptor_proto_size(), 0);
+  stream->WritesDone();
+}
+
+TEST(CohortdTest, SigtermEndsWaitersWithUnavailableAndExitsCleanly) {
+  const std::string dir = FreshDir("sigterm");
+  auto server = CohortdProcess::Start({"--data_dir=" + dir});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Store::NewStub(grpc::CreateChannel(
+      server->address(), grpc::InsecureChannelCredentials()));
+  grpc::Status status;
+  std::thread waiter([&] {
+    grpc::ClientContext ctx;
+    v1::WaitRequest req;
+    req.add_keys("never");
+    v1::WaitResponse resp;
+    status = stub->Wait(&ctx, req, &resp);
+  });
+  absl::SleepFor(absl::Milliseconds(500));
+  int exit_status = server->Stop(SIGTERM);
+  waiter.join();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), HasSubstr("shutting down"));
+  ASSERT_TRUE(WIFEXITED(exit_status));
+  EXPECT_EQ(WEXITSTATUS(exit_status), 0);
+  EXPECT_THAT(server->Log(), HasSubstr("received SIGTERM"));
+  EXPECT_THAT(server->Log(), HasSubstr("stopped cleanly"));
+}
+
+TEST(CohortdTest, BadFlagsFailWithAClearMessage) {
+  auto bad_engine = CohortdProcess::Start({"--engine=etcd"});
+  ASSERT_FALSE(bad_engine.ok());
+  EXPECT_THAT(bad_engine.status().message(),
+              HasSubstr("--engine must be rocksdb or memory"));
+  // A second cohortd on the same data dir is refused, naming the folder.
+  const std::string dir = FreshDir("locked");
+  auto first = CohortdProcess::Start({"--data_dir=" + dir});
+  ASSERT_TRUE(first.ok());
+  auto second = CohortdProcess::Start({"--data_dir=" + dir});
+  ASSERT_FALSE(second.ok());
+  EXPECT_THAT(second.status().message(), HasSubstr(dir));
+}
+
+}  // namespace
+}  // namespace cohort
