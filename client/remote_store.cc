@@ -352,7 +352,8 @@ class RemoteStore::RemoteWatch final : public WatchHandle {
         attempts = 0;
         backoff = store_->options_.initial_backoff;
         if (next_revision_ == 0) next_revision_ = resp.start_revision();
-        if (resp.events_size() == 0) {
+        if (resp.start_revision() > 0) {
+          // The first message: cohortd has registered the watch.
           absl::MutexLock lock(&mu_);
           started_ = true;
         }

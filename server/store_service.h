@@ -69,9 +69,6 @@ class StoreService final : public cohort::v1::Store::CallbackService {
   const StoreServiceOptions options_;
 };
 
-// absl::Status and grpc::Status share their codes.
-grpc::Status ToGrpcStatus(const absl::Status& status);
-
 }  // namespace cohort::server
 
 #endif  // COHORT_SERVER_STORE_SERVICE_H_

@@ -388,6 +388,13 @@ absl::StatusOr<CheckResult> KvStore::Check(absl::Span<const std::string> keys) {
   return result;
 }
 
+absl::StatusOr<std::optional<std::string>> KvStore::TryGet(
+    absl::string_view key) {
+  if (absl::Status s = ValidateKey(key); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  return engine_->Get(key);
+}
+
 absl::StatusOr<NumKeysResult> KvStore::NumKeys() {
   absl::MutexLock lock(&mu_);
   return NumKeysResult{engine_->NumKeys(), revision_};

@@ -16,6 +16,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,8 @@ class KvStore {
   absl::StatusOr<int64_t> MultiSet(absl::Span<const std::string> keys,
                                    absl::Span<const std::string> values);
   absl::StatusOr<CheckResult> Check(absl::Span<const std::string> keys);
+  // The value of `key` now, or nullopt; never waits.
+  absl::StatusOr<std::optional<std::string>> TryGet(absl::string_view key);
   absl::StatusOr<NumKeysResult> NumKeys();
   // page_size 0 means limits().max_list_page.
   absl::StatusOr<ListResult> ListKeys(absl::string_view prefix,

@@ -1,0 +1,268 @@
+// Reactors shared by cohortd's services: a unary call completed later by a
+// callback (blocking calls), and a server stream fed by KvStore watch
+// events. Both hold no thread while they wait.
+#ifndef COHORT_SERVER_REACTORS_H_
+#define COHORT_SERVER_REACTORS_H_
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/support/server_callback.h"
+#include "store/kv_store.h"
+
+namespace cohort::server {
+
+// absl::Status and grpc::Status share their codes.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// A unary call finished later, by whichever comes first: a completion
+// (Handle::Claim, then fill the response, then Handle::Finish) or the client
+// going away (OnCancel runs the cancel hook, e.g. to forget a waiter). The
+// Handle may outlive the reactor: after the call ended, Claim returns false.
+class PendingUnary final : public grpc::ServerUnaryReactor {
+ public:
+  class Handle {
+   public:
+    // True exactly once, for the winner; the winner may then write the
+    // response and must call Finish.
+    bool Claim() const { return !state_->claimed.exchange(true); }
+    void Finish(const absl::Status& status) const {
+      state_->reactor->Finish(ToGrpcStatus(status));
+    }
+
+   private:
+    friend class PendingUnary;
+    struct State {
+      PendingUnary* reactor;
+      std::atomic<bool> claimed{false};
+    };
+    std::shared_ptr<State> state_;
+  };
+
+  PendingUnary() {
+    handle_.state_ = std::make_shared<Handle::State>();
+    handle_.state_->reactor = this;
+  }
+
+  const Handle& handle() const { return handle_; }
+
+  // Runs on cancellation (client gone, gRPC deadline). Set once the wait is
+  // registered.
+  void SetCancelHook(std::function<void()> hook) {
+    absl::MutexLock lock(&mu_);
+    cancel_hook_ = std::move(hook);
+  }
+
+  void OnCancel() override {
+    std::function<void()> hook;
+    {
+      absl::MutexLock lock(&mu_);
+      hook = std::move(cancel_hook_);
+    }
+    if (hook) hook();
+    if (handle_.Claim()) handle_.Finish(absl::CancelledError("call cancelled"));
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  Handle handle_;
+  absl::Mutex mu_;
+  std::function<void()> cancel_hook_ ABSL_GUARDED_BY(mu_);
+};
+
+// Streams KvStore watch events as `Response` messages (which have
+// `start_revision` and repeated events). `append` adds one store event to a
+// message, returning its size in bytes, or 0 to skip it. Events queue and
+// are written one at a time; a client that falls more than `buffer_bytes`
+// behind is ended with RESOURCE_EXHAUSTED rather than growing the server's
+// memory.
+template <typename Response>
+class EventStream final : public grpc::ServerWriteReactor<Response> {
+ public:
+  using Append = std::function<size_t(store::Event&, Response&)>;
+
+  EventStream(store::KvStore* store, size_t buffer_bytes, Append append)
+      : store_(store),
+        state_(std::make_shared<State>(this, buffer_bytes, std::move(append))) {}
+
+  // Registers the KvStore watch and sends the first message.
+  void Start(const std::string& prefix, int64_t from_revision) {
+    auto on_events = [state = state_](std::vector<store::Event> events) {
+      state->Push(std::move(events));
+    };
+    auto on_close = [state = state_](absl::Status status) {
+      state->Close(ToGrpcStatus(status));
+    };
+    absl::StatusOr<store::KvStore::WatchStart> start =
+        store_->Watch(prefix, from_revision, on_events, on_close);
+    if (!start.ok()) {
+      state_->Close(ToGrpcStatus(start.status()));
+      return;
+    }
+    id_ = start->id;
+    Response first;
+    first.set_start_revision(start->start_revision);
+    state_->Begin(std::move(first));
+  }
+
+  void OnWriteDone(bool ok) override { state_->WriteDone(ok); }
+
+  void OnCancel() override {
+    store_->CancelWatch(id_);
+    state_->Close(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    store_->CancelWatch(id_);
+    delete this;
+  }
+
+ private:
+  class State {
+   public:
+    State(EventStream* reactor, size_t limit, Append append)
+        : reactor_(reactor), limit_(limit), append_(std::move(append)) {}
+
+    // Queues events (replayed ones arrive before Begin).
+    void Push(std::vector<store::Event> events) {
+      // Keep messages to a few MiB so one slow write does not stall others.
+      constexpr size_t kMaxMessageBytes = 4 << 20;
+      Action action;
+      {
+        absl::MutexLock lock(&mu_);
+        if (closing_) return;
+        for (store::Event& e : events) {
+          if (pending_.size() <= (writing_ ? 1u : 0u) ||
+              tail_bytes_ > kMaxMessageBytes) {
+            pending_.emplace_back();
+            sizes_.push_back(0);
+            tail_bytes_ = 0;
+          }
+          const size_t bytes = append_(e, pending_.back());
+          tail_bytes_ += bytes;
+          sizes_.back() += bytes;
+          pending_bytes_ += bytes;
+        }
+        if (pending_bytes_ > limit_) {
+          CloseLocked(grpc::Status(
+              grpc::StatusCode::RESOURCE_EXHAUSTED,
+              absl::StrCat("watch fell more than ", limit_,
+                           " bytes behind; resume from the last revision "
+                           "received")));
+        }
+        action = NextLocked();
+      }
+      Run(action);
+    }
+
+    // Sends `first` ahead of anything queued, then starts streaming.
+    void Begin(Response first) {
+      Action action;
+      {
+        absl::MutexLock lock(&mu_);
+        pending_.push_front(std::move(first));
+        sizes_.push_front(0);
+        started_ = true;
+        action = NextLocked();
+      }
+      Run(action);
+    }
+
+    void WriteDone(bool ok) {
+      Action action;
+      {
+        absl::MutexLock lock(&mu_);
+        writing_ = false;
+        if (!pending_.empty()) {
+          pending_bytes_ -= std::min(pending_bytes_, sizes_.front());
+          pending_.pop_front();
+          sizes_.pop_front();
+        }
+        // A failed write means the client went away.
+        if (!ok) CloseLocked(grpc::Status::CANCELLED);
+        action = NextLocked();
+      }
+      Run(action);
+    }
+
+    void Close(grpc::Status status) {
+      Action action;
+      {
+        absl::MutexLock lock(&mu_);
+        CloseLocked(std::move(status));
+        started_ = true;
+        action = NextLocked();
+      }
+      Run(action);
+    }
+
+   private:
+    // What to call on the reactor once mu_ is released: gRPC may run a
+    // reaction inline, and reactions take mu_.
+    struct Action {
+      const Response* write = nullptr;
+      std::optional<grpc::Status> finish;
+    };
+
+    void CloseLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (closing_) return;
+      closing_ = true;
+      close_status_ = std::move(status);
+      // Drop what is queued, but not the message being written.
+      while (pending_.size() > (writing_ ? 1u : 0u)) {
+        pending_.pop_back();
+        sizes_.pop_back();
+      }
+    }
+
+    Action NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      Action action;
+      if (!started_ || writing_ || finished_) return action;
+      if (closing_) {
+        finished_ = true;
+        action.finish = close_status_;
+      } else if (!pending_.empty()) {
+        writing_ = true;
+        action.write = &pending_.front();
+      }
+      return action;
+    }
+
+    void Run(const Action& action) {
+      if (action.write != nullptr) reactor_->StartWrite(action.write);
+      if (action.finish) reactor_->Finish(*action.finish);
+    }
+
+    EventStream* const reactor_;
+    const size_t limit_;
+    const Append append_;
+    absl::Mutex mu_;
+    std::deque<Response> pending_ ABSL_GUARDED_BY(mu_);
+    std::deque<size_t> sizes_ ABSL_GUARDED_BY(mu_);  // Bytes of each message.
+    size_t tail_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+    size_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+    bool started_ ABSL_GUARDED_BY(mu_) = false;
+    bool writing_ ABSL_GUARDED_BY(mu_) = false;
+    bool closing_ ABSL_GUARDED_BY(mu_) = false;
+    bool finished_ ABSL_GUARDED_BY(mu_) = false;
+    grpc::Status close_status_ ABSL_GUARDED_BY(mu_);
+  };
+
+  store::KvStore* const store_;
+  std::shared_ptr<State> state_;
+  std::atomic<store::KvStore::WatchId> id_{0};
+};
+
+}  // namespace cohort::server
+
+#endif  // COHORT_SERVER_REACTORS_H_
