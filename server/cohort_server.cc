@@ -25,6 +25,13 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   server->store_ = std::move(store);
   server->service_ = std::make_unique<StoreService>(server->store_.get(),
                                                     options.store_service);
+  server->membership_ = std::make_unique<Membership>(server->store_.get());
+  server->rendezvous_ = std::make_unique<Rendezvous>(server->store_.get());
+  server->rendezvous_service_ =
+      std::make_unique<RendezvousService>(server->rendezvous_.get());
+  server->membership_service_ = std::make_unique<MembershipService>(
+      server->membership_.get(), server->store_.get(),
+      options.store_service.watch_buffer_bytes);
 
   const store::StoreLimits& limits = server->store_->limits();
   // Room for the largest single value plus its key and framing; multi-key
@@ -36,6 +43,8 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
                            &server->port_);
   builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->rendezvous_service_.get());
+  builder.RegisterService(server->membership_service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<size_t>(max_message, std::numeric_limits<int>::max())));
   builder.SetMaxSendMessageSize(static_cast<int>(
@@ -49,7 +58,11 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   grpc::HealthCheckServiceInterface* health =
       server->server_->GetHealthCheckService();
   health->SetServingStatus("", true);
-  health->SetServingStatus(v1::Store::service_full_name(), true);
+  for (const char* service :
+       {v1::Store::service_full_name(), v1::Rendezvous::service_full_name(),
+        v1::Membership::service_full_name()}) {
+    health->SetServingStatus(service, true);
+  }
   return server;
 }
 
@@ -66,8 +79,11 @@ absl::Status CohortServer::Drain(absl::Duration grace) {
   std::thread stopper(
       [this, grace] { server_->Shutdown(absl::ToChronoTime(absl::Now() + grace)); });
   absl::SleepFor(kGoawayDelay);
-  store_->Shutdown(absl::UnavailableError(
-      "cohortd is shutting down; retry against its replacement"));
+  const absl::Status draining = absl::UnavailableError(
+      "cohortd is shutting down; retry against its replacement");
+  rendezvous_->Shutdown(draining);
+  membership_->Shutdown(draining);
+  store_->Shutdown(draining);
   stopper.join();
   server_->Wait();
   return store_->Flush();

@@ -1,5 +1,6 @@
-// CohortServer: cohortd's gRPC server, health and reflection around a
-// KvStore. main.cc adds flags and signals; tests start it in-process.
+// CohortServer: cohortd's gRPC server: the Store, Rendezvous and Membership
+// services (all state in one KvStore), health and reflection. main.cc adds
+// flags and signals; tests start it in-process.
 #ifndef COHORT_SERVER_COHORT_SERVER_H_
 #define COHORT_SERVER_COHORT_SERVER_H_
 
@@ -9,6 +10,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
+#include "server/coordination_service.h"
+#include "server/membership.h"
+#include "server/rendezvous.h"
 #include "server/store_service.h"
 #include "store/kv_store.h"
 
@@ -22,7 +26,8 @@ struct ServerOptions {
 
 class CohortServer {
  public:
-  // Starts serving `store` and marks the health service SERVING. Fails with
+  // Starts serving `store` (and the coordination state it holds) and marks
+  // the health service SERVING. Fails with
   // UNAVAILABLE naming the address if it cannot be bound.
   static absl::StatusOr<std::unique_ptr<CohortServer>> Start(
       std::unique_ptr<store::KvStore> store, const ServerOptions& options);
@@ -43,7 +48,11 @@ class CohortServer {
   CohortServer() = default;
 
   std::unique_ptr<store::KvStore> store_;
+  std::unique_ptr<Membership> membership_;
+  std::unique_ptr<Rendezvous> rendezvous_;
   std::unique_ptr<StoreService> service_;
+  std::unique_ptr<RendezvousService> rendezvous_service_;
+  std::unique_ptr<MembershipService> membership_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool drained_ = false;

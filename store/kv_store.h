@@ -206,7 +206,6 @@ class KvStore {
   void TrimHistoryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StoreLimits limits_;
-  DeadlineTimer timer_;
 
   absl::Mutex mu_;
   std::unique_ptr<KvEngine> engine_ ABSL_GUARDED_BY(mu_);
@@ -228,6 +227,9 @@ class KvStore {
   size_t history_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Changes at or below this revision are no longer in history_.
   int64_t compacted_revision_ ABSL_GUARDED_BY(mu_) = 0;
+  // Last, so it is destroyed (and its thread joined) first: its callbacks
+  // use everything above.
+  DeadlineTimer timer_;
 };
 
 }  // namespace cohort::store

@@ -1,0 +1,119 @@
+#include "server/coordination_service.h"
+
+#include <utility>
+
+#include "server/reactors.h"
+
+namespace cohort::server {
+namespace {
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx,
+                                 const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* RendezvousService::Join(
+    grpc::CallbackServerContext*, const v1::JoinRequest* req,
+    v1::JoinResponse* resp) {
+  auto* reactor = new PendingUnary();
+  PendingUnary::Handle handle = reactor->handle();
+  Rendezvous::JoinId id = rendezvous_->Join(
+      *req, [handle, resp](absl::StatusOr<v1::JoinResponse> r) {
+        if (!handle.Claim()) return;
+        if (r.ok()) *resp = std::move(*r);
+        handle.Finish(r.status());
+      });
+  if (id != 0) {
+    Rendezvous* rendezvous = rendezvous_;
+    reactor->SetCancelHook([rendezvous, id] { rendezvous->CancelJoin(id); });
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RendezvousService::GetRunState(
+    grpc::CallbackServerContext* ctx, const v1::GetRunStateRequest* req,
+    v1::RunState* resp) {
+  absl::StatusOr<v1::RunState> state = rendezvous_->GetRunState(req->run_id());
+  if (state.ok()) *resp = std::move(*state);
+  return Finish(ctx, state.status());
+}
+
+grpc::ServerUnaryReactor* RendezvousService::CloseRun(
+    grpc::CallbackServerContext* ctx, const v1::CloseRunRequest* req,
+    v1::CloseRunResponse*) {
+  return Finish(ctx, rendezvous_->CloseRun(req->run_id()));
+}
+
+grpc::ServerUnaryReactor* MembershipService::JoinGroup(
+    grpc::CallbackServerContext* ctx, const v1::JoinGroupRequest* req,
+    v1::JoinGroupResponse* resp) {
+  absl::StatusOr<v1::JoinGroupResponse> r = membership_->Join(*req);
+  if (r.ok()) *resp = std::move(*r);
+  return Finish(ctx, r.status());
+}
+
+grpc::ServerUnaryReactor* MembershipService::Heartbeat(
+    grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
+    v1::HeartbeatResponse*) {
+  return Finish(ctx, membership_->Heartbeat(*req));
+}
+
+grpc::ServerUnaryReactor* MembershipService::LeaveGroup(
+    grpc::CallbackServerContext* ctx, const v1::LeaveGroupRequest* req,
+    v1::LeaveGroupResponse*) {
+  return Finish(ctx, membership_->Leave(*req));
+}
+
+grpc::ServerUnaryReactor* MembershipService::ReportError(
+    grpc::CallbackServerContext* ctx, const v1::ReportErrorRequest* req,
+    v1::ReportErrorResponse*) {
+  return Finish(ctx, membership_->ReportError(*req));
+}
+
+grpc::ServerUnaryReactor* MembershipService::ListMembers(
+    grpc::CallbackServerContext* ctx, const v1::ListMembersRequest* req,
+    v1::ListMembersResponse* resp) {
+  absl::StatusOr<v1::ListMembersResponse> r = membership_->List(*req);
+  if (r.ok()) *resp = std::move(*r);
+  return Finish(ctx, r.status());
+}
+
+grpc::ServerWriteReactor<v1::WatchMembersResponse>*
+MembershipService::WatchMembers(grpc::CallbackServerContext*,
+                                const v1::WatchMembersRequest* req) {
+  auto* reactor = new EventStream<v1::WatchMembersResponse>(
+      store_, watch_buffer_bytes_,
+      [](store::Event& e, v1::WatchMembersResponse& msg) -> size_t {
+        v1::MemberEvent event;
+        if (!Membership::DecodeEvent(e, &event)) return 0;
+        const size_t bytes = event.ByteSizeLong();
+        *msg.add_events() = std::move(event);
+        return bytes;
+      });
+  reactor->Start(Membership::MembersPrefix(req->group()), req->from_revision());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* MembershipService::Barrier(
+    grpc::CallbackServerContext*, const v1::BarrierRequest* req,
+    v1::BarrierResponse* resp) {
+  auto* reactor = new PendingUnary();
+  PendingUnary::Handle handle = reactor->handle();
+  Membership::BarrierId id = membership_->Barrier(
+      *req, [handle, resp](absl::StatusOr<int64_t> generation) {
+        if (!handle.Claim()) return;
+        if (generation.ok()) resp->set_generation(*generation);
+        handle.Finish(generation.status());
+      });
+  if (id != 0) {
+    Membership* membership = membership_;
+    reactor->SetCancelHook([membership, id] { membership->CancelBarrier(id); });
+  }
+  return reactor;
+}
+
+}  // namespace cohort::server

@@ -1,0 +1,73 @@
+// gRPC glue for cohort.v1.Rendezvous and cohort.v1.Membership over the
+// Rendezvous and Membership state machines. Blocking calls (Join, Barrier,
+// WatchMembers) are reactors completed by the state machines' callbacks.
+#ifndef COHORT_SERVER_COORDINATION_SERVICE_H_
+#define COHORT_SERVER_COORDINATION_SERVICE_H_
+
+#include "cohort/v1/coordination.grpc.pb.h"
+#include "server/membership.h"
+#include "server/rendezvous.h"
+#include "store/kv_store.h"
+
+namespace cohort::server {
+
+class RendezvousService final : public v1::Rendezvous::CallbackService {
+ public:
+  explicit RendezvousService(Rendezvous* rendezvous)
+      : rendezvous_(rendezvous) {}
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx,
+                                 const v1::JoinRequest* req,
+                                 v1::JoinResponse* resp) override;
+  grpc::ServerUnaryReactor* GetRunState(grpc::CallbackServerContext* ctx,
+                                        const v1::GetRunStateRequest* req,
+                                        v1::RunState* resp) override;
+  grpc::ServerUnaryReactor* CloseRun(grpc::CallbackServerContext* ctx,
+                                     const v1::CloseRunRequest* req,
+                                     v1::CloseRunResponse* resp) override;
+
+ private:
+  Rendezvous* const rendezvous_;
+};
+
+class MembershipService final : public v1::Membership::CallbackService {
+ public:
+  // `store` serves the member-event streams; watch_buffer_bytes bounds a
+  // slow watcher as for store watches.
+  MembershipService(Membership* membership, store::KvStore* store,
+                    size_t watch_buffer_bytes)
+      : membership_(membership),
+        store_(store),
+        watch_buffer_bytes_(watch_buffer_bytes) {}
+
+  grpc::ServerUnaryReactor* JoinGroup(grpc::CallbackServerContext* ctx,
+                                      const v1::JoinGroupRequest* req,
+                                      v1::JoinGroupResponse* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* LeaveGroup(grpc::CallbackServerContext* ctx,
+                                       const v1::LeaveGroupRequest* req,
+                                       v1::LeaveGroupResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportError(grpc::CallbackServerContext* ctx,
+                                        const v1::ReportErrorRequest* req,
+                                        v1::ReportErrorResponse* resp) override;
+  grpc::ServerUnaryReactor* ListMembers(grpc::CallbackServerContext* ctx,
+                                        const v1::ListMembersRequest* req,
+                                        v1::ListMembersResponse* resp) override;
+  grpc::ServerWriteReactor<v1::WatchMembersResponse>* WatchMembers(
+      grpc::CallbackServerContext* ctx,
+      const v1::WatchMembersRequest* req) override;
+  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* ctx,
+                                    const v1::BarrierRequest* req,
+                                    v1::BarrierResponse* resp) override;
+
+ private:
+  Membership* const membership_;
+  store::KvStore* const store_;
+  const size_t watch_buffer_bytes_;
+};
+
+}  // namespace cohort::server
+
+#endif  // COHORT_SERVER_COORDINATION_SERVICE_H_

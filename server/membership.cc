@@ -1,0 +1,489 @@
+#include "server/membership.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace cohort::server {
+namespace {
+
+constexpr absl::string_view kGroupsPrefix = "/cohort/groups/";
+constexpr absl::Duration kDefaultInterval = absl::Seconds(5);
+constexpr int kDefaultMissed = 3;
+constexpr absl::Duration kDefaultBarrierTimeout = absl::Seconds(300);
+
+absl::Status ValidateId(absl::string_view what, absl::string_view id) {
+  if (id.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " must not be empty"));
+  }
+  if (absl::StrContains(id, '/') || id.size() > 512) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " '", id, "' must be at most 512 bytes and contain no '/'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Duration LeaseTimeout(const v1::MemberInfo& info) {
+  return absl::Milliseconds(info.heartbeat_interval_ms()) *
+         info.missed_heartbeats();
+}
+
+}  // namespace
+
+std::string Membership::MembersPrefix(absl::string_view group) {
+  return absl::StrCat(kGroupsPrefix, group, "/members/");
+}
+
+bool Membership::DecodeEvent(const store::Event& event, v1::MemberEvent* out) {
+  if (event.type != store::Event::Type::kPut || !event.value ||
+      !out->ParseFromString(*event.value)) {
+    return false;
+  }
+  out->set_revision(event.revision);
+  return true;
+}
+
+Membership::Membership(store::KvStore* store, absl::Duration sweep_period)
+    : store_(store), sweep_period_(sweep_period) {
+  // Reload the members recorded before a restart, each with a fresh lease:
+  // they had no way to heartbeat while cohortd was down.
+  const absl::Time now = absl::Now();
+  std::string token;
+  do {
+    absl::StatusOr<store::ListResult> page =
+        store_->ListKeys(kGroupsPrefix, 0, token);
+    if (!page.ok()) break;
+    for (const std::string& key : page->keys) {
+      absl::StatusOr<std::optional<std::string>> value = store_->TryGet(key);
+      v1::MemberEvent record;
+      if (!value.ok() || !value->has_value() ||
+          !record.ParseFromString(**value)) {
+        continue;
+      }
+      absl::string_view rest = absl::string_view(key).substr(kGroupsPrefix.size());
+      const std::string group(rest.substr(0, rest.find('/')));
+      absl::MutexLock lock(&mu_);
+      Live& live = groups_[group].members[record.member().name()];
+      live.info = record.member();
+      live.alive = record.type() == v1::MemberEvent::JOINED ||
+                   record.type() == v1::MemberEvent::ERROR_REPORTED;
+      live.deadline = now + LeaseTimeout(live.info);
+      last_incarnation_ = std::max(last_incarnation_, live.info.incarnation());
+    }
+    token = page->next_page_token;
+  } while (!token.empty());
+  timer_.Schedule(now + sweep_period_, [this] { Sweep(); });
+}
+
+Membership::~Membership() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  Shutdown(absl::UnavailableError("cohortd is shutting down"));
+}
+
+absl::Status Membership::RecordLocked(const std::string& group,
+                                      const v1::MemberInfo& member,
+                                      v1::MemberEvent::Type type,
+                                      const std::string& message) {
+  v1::MemberEvent record;
+  record.set_type(type);
+  *record.mutable_member() = member;
+  record.set_message(message);
+  return store_
+      ->Set(absl::StrCat(MembersPrefix(group), member.name()),
+            record.SerializeAsString())
+      .status();
+}
+
+std::string Membership::Describe(const std::string& group,
+                                 const std::string& name) {
+  auto g = groups_.find(group);
+  if (g != groups_.end()) {
+    auto m = g->second.members.find(name);
+    if (m != g->second.members.end()) {
+      const v1::MemberInfo& info = m->second.info;
+      std::string who = info.rank() >= 0 ? absl::StrCat("rank ", info.rank())
+                                         : info.name();
+      if (!info.host().empty()) absl::StrAppend(&who, " (", info.host(), ")");
+      return who;
+    }
+  }
+  return name;
+}
+
+absl::StatusOr<Membership::Live*> Membership::FindLocked(
+    const std::string& group, const std::string& name, int64_t incarnation) {
+  auto g = groups_.find(group);
+  if (g != groups_.end()) {
+    auto m = g->second.members.find(name);
+    if (m != g->second.members.end() && m->second.alive &&
+        m->second.info.incarnation() == incarnation) {
+      return &m->second;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "'", name, "' (incarnation ", incarnation, ") is not a live member of '",
+      group, "': it left, was declared failed or was replaced; join again"));
+}
+
+absl::StatusOr<v1::JoinGroupResponse> Membership::Join(
+    const v1::JoinGroupRequest& req) {
+  if (absl::Status s = ValidateId("group", req.group()); !s.ok()) return s;
+  if (absl::Status s = ValidateId("member name", req.name()); !s.ok()) return s;
+  if (req.heartbeat_interval_ms() < 0 || req.missed_heartbeats() < 0) {
+    return absl::InvalidArgumentError(
+        "heartbeat_interval_ms and missed_heartbeats must be >= 0 (0: default)");
+  }
+  v1::MemberInfo info;
+  info.set_name(req.name());
+  info.set_rank(req.rank());
+  info.set_host(req.host());
+  info.set_heartbeat_interval_ms(
+      req.heartbeat_interval_ms() > 0
+          ? req.heartbeat_interval_ms()
+          : absl::ToInt64Milliseconds(kDefaultInterval));
+  info.set_missed_heartbeats(req.missed_heartbeats() > 0
+                                 ? req.missed_heartbeats()
+                                 : kDefaultMissed);
+  Deferred deferred;
+  v1::JoinGroupResponse resp;
+  {
+    absl::MutexLock lock(&mu_);
+    // Unique across restarts too: time-based, and above any seen before.
+    last_incarnation_ =
+        std::max(last_incarnation_ + 1, absl::ToUnixMicros(absl::Now()));
+    info.set_incarnation(last_incarnation_);
+    Group& group = groups_[req.group()];
+    auto old = group.members.find(req.name());
+    if (old != group.members.end() && old->second.alive) {
+      const std::string why = "replaced by a new incarnation (restarted)";
+      old->second.alive = false;
+      if (absl::Status s = RecordLocked(req.group(), old->second.info,
+                                        v1::MemberEvent::FAILED, why);
+          !s.ok()) {
+        return s;
+      }
+      AbortBarriersLocked(group, req.group(), req.name(),
+                          absl::StrCat("failed: ", why), deferred);
+    }
+    if (absl::Status s =
+            RecordLocked(req.group(), info, v1::MemberEvent::JOINED, "");
+        !s.ok()) {
+      return s;
+    }
+    group.members[req.name()] =
+        Live{info, absl::Now() + LeaseTimeout(info), true};
+    resp.set_incarnation(info.incarnation());
+    resp.set_revision(store_->revision());
+  }
+  for (auto& fn : deferred) fn();
+  return resp;
+}
+
+absl::Status Membership::Heartbeat(const v1::HeartbeatRequest& req) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Live*> live = FindLocked(req.group(), req.name(),
+                                          req.incarnation());
+  if (!live.ok()) return live.status();
+  (*live)->deadline = absl::Now() + LeaseTimeout((*live)->info);
+  return absl::OkStatus();
+}
+
+absl::Status Membership::Leave(const v1::LeaveGroupRequest& req) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Live*> live =
+        FindLocked(req.group(), req.name(), req.incarnation());
+    if (!live.ok()) return absl::OkStatus();  // Already gone: idempotent.
+    (*live)->alive = false;
+    if (absl::Status s = RecordLocked(req.group(), (*live)->info,
+                                      v1::MemberEvent::LEFT, "left the group");
+        !s.ok()) {
+      return s;
+    }
+    AbortBarriersLocked(groups_[req.group()], req.group(), req.name(),
+                        "left the group", deferred);
+  }
+  for (auto& fn : deferred) fn();
+  return absl::OkStatus();
+}
+
+absl::Status Membership::ReportError(const v1::ReportErrorRequest& req) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Live*> live =
+        FindLocked(req.group(), req.name(), req.incarnation());
+    if (!live.ok()) return live.status();
+    if (absl::Status s =
+            RecordLocked(req.group(), (*live)->info,
+                         v1::MemberEvent::ERROR_REPORTED, req.message());
+        !s.ok()) {
+      return s;
+    }
+    AbortBarriersLocked(groups_[req.group()], req.group(), req.name(),
+                        absl::StrCat("reported an error: ", req.message()),
+                        deferred);
+  }
+  for (auto& fn : deferred) fn();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ListMembersResponse> Membership::List(
+    const v1::ListMembersRequest& req) {
+  if (absl::Status s = ValidateId("group", req.group()); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  v1::ListMembersResponse resp;
+  auto g = groups_.find(req.group());
+  if (g != groups_.end()) {
+    for (const auto& [name, live] : g->second.members) {
+      if (live.alive) *resp.add_members() = live.info;
+    }
+  }
+  resp.set_revision(store_->revision());
+  return resp;
+}
+
+void Membership::Sweep() {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    const absl::Time now = absl::Now();
+    for (auto& [group_name, group] : groups_) {
+      for (auto& [name, live] : group.members) {
+        if (!live.alive || now < live.deadline) continue;
+        live.alive = false;
+        const std::string why = absl::StrCat(
+            "no heartbeat for ", absl::FormatDuration(LeaseTimeout(live.info)),
+            " (", live.info.missed_heartbeats(), " intervals of ",
+            absl::FormatDuration(
+                absl::Milliseconds(live.info.heartbeat_interval_ms())),
+            ")");
+        RecordLocked(group_name, live.info, v1::MemberEvent::FAILED, why)
+            .IgnoreError();
+        AbortBarriersLocked(group, group_name, name,
+                            absl::StrCat("failed: ", why), deferred);
+      }
+    }
+    timer_.Schedule(now + sweep_period_, [this] { Sweep(); });
+  }
+  for (auto& fn : deferred) fn();
+}
+
+Membership::BarrierId Membership::Barrier(const v1::BarrierRequest& req,
+                                          BarrierCallback done) {
+  for (auto [what, id] : {std::pair<const char*, const std::string*>{
+                              "group", &req.group()},
+                          {"barrier_id", &req.barrier_id()},
+                          {"member name", &req.name()}}) {
+    if (absl::Status s = ValidateId(what, *id); !s.ok()) {
+      done(s);
+      return 0;
+    }
+  }
+  if (req.timeout_ms() < 0) {
+    done(absl::InvalidArgumentError("timeout_ms must be >= 0 (0: 300 s)"));
+    return 0;
+  }
+  const absl::Duration timeout = req.timeout_ms() > 0
+                                     ? absl::Milliseconds(req.timeout_ms())
+                                     : kDefaultBarrierTimeout;
+  Deferred deferred;
+  BarrierId id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status error = shutdown_;
+    if (error.ok()) {
+      error = FindLocked(req.group(), req.name(), req.incarnation()).status();
+    }
+    if (!error.ok()) {
+      deferred.push_back([done, error] { done(error); });
+    } else {
+      Group& group = groups_[req.group()];
+      auto [it, created] = group.barriers.try_emplace(req.barrier_id());
+      PendingBarrier& barrier = it->second;
+      std::vector<std::string> participants(req.participants().begin(),
+                                            req.participants().end());
+      if (participants.empty()) {
+        for (const auto& [name, live] : group.members) {
+          if (live.alive) participants.push_back(name);
+        }
+      }
+      std::sort(participants.begin(), participants.end());
+      if (created) {
+        barrier.generation = ++group.generations[req.barrier_id()];
+        barrier.participants = participants;
+        barrier.timeout = timeout;
+        const std::string group_name = req.group(), barrier_id = req.barrier_id();
+        const int64_t generation = barrier.generation;
+        barrier.timer = timer_.Schedule(
+            absl::Now() + timeout, [this, group_name, barrier_id, generation] {
+              OnBarrierTimeout(group_name, barrier_id, generation);
+            });
+      }
+      if (!req.participants().empty() && participants != barrier.participants) {
+        const absl::Status mismatch = absl::InvalidArgumentError(absl::StrCat(
+            "barrier '", req.barrier_id(), "' was started with participants [",
+            absl::StrJoin(barrier.participants, ", "), "], not [",
+            absl::StrJoin(participants, ", "), "]"));
+        deferred.push_back([done, mismatch] { done(mismatch); });
+      } else if (!std::binary_search(barrier.participants.begin(),
+                                     barrier.participants.end(), req.name())) {
+        const absl::Status outsider = absl::FailedPreconditionError(
+            absl::StrCat("'", req.name(), "' is not a participant of barrier '",
+                         req.barrier_id(), "'"));
+        deferred.push_back([done, outsider] { done(outsider); });
+      } else {
+        id = next_barrier_id_++;
+        barrier.arrived.push_back(Arrival{id, req.name(), std::move(done)});
+        // A participant that is already gone can never arrive.
+        for (const std::string& name : barrier.participants) {
+          auto m = group.members.find(name);
+          if (m == group.members.end() || !m->second.alive) {
+            FailBarrierLocked(
+                group, req.barrier_id(),
+                absl::AbortedError(absl::StrCat(
+                    "barrier '", req.barrier_id(), "' aborted: ",
+                    Describe(req.group(), name), " is not a live member")),
+                deferred);
+            id = 0;
+            break;
+          }
+        }
+        if (id != 0) {
+          std::vector<std::string> here;
+          for (const Arrival& a : barrier.arrived) here.push_back(a.name);
+          std::sort(here.begin(), here.end());
+          here.erase(std::unique(here.begin(), here.end()), here.end());
+          if (here == barrier.participants) {
+            timer_.Cancel(barrier.timer);
+            for (Arrival& a : barrier.arrived) {
+              deferred.push_back([done = std::move(a.done),
+                                  generation = barrier.generation] {
+                done(generation);
+              });
+            }
+            group.barriers.erase(it);
+            id = 0;
+          }
+        }
+      }
+      if (created) {
+        // Nobody waits on a barrier that only saw a rejected call.
+        auto again = group.barriers.find(req.barrier_id());
+        if (again != group.barriers.end() && again->second.arrived.empty()) {
+          timer_.Cancel(again->second.timer);
+          group.barriers.erase(again);
+          --group.generations[req.barrier_id()];
+        }
+      }
+    }
+  }
+  for (auto& fn : deferred) fn();
+  return id;
+}
+
+void Membership::CancelBarrier(BarrierId id) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [group_name, group] : groups_) {
+    for (auto& [barrier_id, barrier] : group.barriers) {
+      auto& arrived = barrier.arrived;
+      auto it = std::find_if(arrived.begin(), arrived.end(),
+                             [id](const Arrival& a) { return a.id == id; });
+      if (it != arrived.end()) {
+        arrived.erase(it);
+        return;
+      }
+    }
+  }
+}
+
+void Membership::FailBarrierLocked(Group& group, const std::string& barrier_id,
+                                   const absl::Status& status,
+                                   Deferred& deferred) {
+  auto it = group.barriers.find(barrier_id);
+  if (it == group.barriers.end()) return;
+  timer_.Cancel(it->second.timer);
+  for (Arrival& a : it->second.arrived) {
+    deferred.push_back([done = std::move(a.done), status] { done(status); });
+  }
+  group.barriers.erase(it);
+}
+
+void Membership::AbortBarriersLocked(Group& group, const std::string& group_name,
+                                     const std::string& name,
+                                     const std::string& why,
+                                     Deferred& deferred) {
+  std::vector<std::string> affected;
+  for (const auto& [barrier_id, barrier] : group.barriers) {
+    if (std::binary_search(barrier.participants.begin(),
+                           barrier.participants.end(), name)) {
+      affected.push_back(barrier_id);
+    }
+  }
+  for (const std::string& barrier_id : affected) {
+    FailBarrierLocked(group, barrier_id,
+                      absl::AbortedError(absl::StrCat(
+                          "barrier '", barrier_id, "' aborted: ",
+                          Describe(group_name, name), " ", why)),
+                      deferred);
+  }
+}
+
+void Membership::OnBarrierTimeout(const std::string& group_name,
+                                  const std::string& barrier_id,
+                                  int64_t generation) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    Group& group = groups_[group_name];
+    auto it = group.barriers.find(barrier_id);
+    if (it == group.barriers.end() || it->second.generation != generation) {
+      return;
+    }
+    const PendingBarrier& barrier = it->second;
+    std::vector<std::string> missing;
+    for (const std::string& name : barrier.participants) {
+      bool here = std::any_of(barrier.arrived.begin(), barrier.arrived.end(),
+                              [&](const Arrival& a) { return a.name == name; });
+      if (!here) missing.push_back(Describe(group_name, name));
+    }
+    const size_t n = barrier.participants.size();
+    FailBarrierLocked(
+        group, barrier_id,
+        absl::DeadlineExceededError(absl::StrCat(
+            "barrier '", barrier_id, "' timed out after ",
+            absl::FormatDuration(barrier.timeout), ": ", n - missing.size(),
+            "/", n, " arrived; missing: ", absl::StrJoin(missing, ", "))),
+        deferred);
+  }
+  for (auto& fn : deferred) fn();
+}
+
+void Membership::Shutdown(absl::Status status) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!shutdown_.ok()) return;
+    shutdown_ = status;
+    for (auto& [group_name, group] : groups_) {
+      std::vector<std::string> ids;
+      for (const auto& [barrier_id, barrier] : group.barriers) {
+        ids.push_back(barrier_id);
+      }
+      for (const std::string& barrier_id : ids) {
+        FailBarrierLocked(group, barrier_id, status, deferred);
+      }
+    }
+  }
+  for (auto& fn : deferred) fn();
+}
+
+}  // namespace cohort::server

@@ -1,0 +1,350 @@
+#include "server/rendezvous.h"
+
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace cohort::server {
+namespace {
+
+constexpr absl::string_view kRunsPrefix = "/cohort/runs/";
+constexpr absl::Duration kDefaultJoinTimeout = absl::Seconds(600);
+constexpr absl::Duration kDefaultLastCall = absl::Seconds(30);
+
+absl::Status ValidateRequest(const v1::JoinRequest& req) {
+  for (auto [what, id] : {std::pair<const char*, const std::string*>{
+                              "run_id", &req.run_id()},
+                          {"node_id", &req.node_id()}}) {
+    if (id->empty() || absl::StrContains(*id, '/') || id->size() > 512) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " '", *id, "' must be 1 to 512 bytes with no '/'"));
+    }
+  }
+  if (req.local_world_size() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "local_world_size must be >= 1, got ", req.local_world_size()));
+  }
+  if (req.min_nodes() < 1 || req.max_nodes() < req.min_nodes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("need 1 <= min_nodes <= max_nodes, got min_nodes=",
+                     req.min_nodes(), " max_nodes=", req.max_nodes()));
+  }
+  if (req.join_timeout_ms() < 0 || req.last_call_timeout_ms() < 0) {
+    return absl::InvalidArgumentError(
+        "join_timeout_ms and last_call_timeout_ms must be >= 0 (0: default)");
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+std::string NodeList(const std::map<std::string, T>& nodes) {
+  std::vector<std::string> ids;
+  for (const auto& [id, _] : nodes) ids.push_back(id);
+  return absl::StrJoin(ids, ", ");
+}
+
+}  // namespace
+
+std::string Rendezvous::RunKey(absl::string_view run_id) {
+  return absl::StrCat(kRunsPrefix, run_id);
+}
+
+Rendezvous::Rendezvous(store::KvStore* store) : store_(store) {
+  std::string token;
+  do {
+    absl::StatusOr<store::ListResult> page =
+        store_->ListKeys(kRunsPrefix, 0, token);
+    if (!page.ok()) break;
+    for (const std::string& key : page->keys) {
+      absl::StatusOr<std::optional<std::string>> value = store_->TryGet(key);
+      Run run;
+      if (!value.ok() || !value->has_value() ||
+          !run.record.ParseFromString(**value)) {
+        continue;
+      }
+      run.has_completed = run.record.phase() == v1::RunState::COMPLETE ||
+                          run.record.participants_size() > 0;
+      absl::MutexLock lock(&mu_);
+      runs_.emplace(key.substr(kRunsPrefix.size()), std::move(run));
+    }
+    token = page->next_page_token;
+  } while (!token.empty());
+}
+
+Rendezvous::~Rendezvous() {
+  Shutdown(absl::UnavailableError("cohortd is shutting down"));
+}
+
+Rendezvous::JoinId Rendezvous::Join(const v1::JoinRequest& req,
+                                    JoinCallback done) {
+  if (absl::Status s = ValidateRequest(req); !s.ok()) {
+    done(s);
+    return 0;
+  }
+  Deferred deferred;
+  JoinId id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto [it, created] = runs_.try_emplace(req.run_id());
+    Run& run = it->second;
+    if (created) {
+      run.record.set_phase(v1::RunState::COLLECTING);
+      run.record.set_min_nodes(req.min_nodes());
+      run.record.set_max_nodes(req.max_nodes());
+      run.record.set_last_call_timeout_ms(
+          req.last_call_timeout_ms() > 0
+              ? req.last_call_timeout_ms()
+              : absl::ToInt64Milliseconds(kDefaultLastCall));
+    }
+    absl::Status error = shutdown_;
+    if (error.ok() && run.record.phase() == v1::RunState::CLOSED) {
+      error = absl::FailedPreconditionError(
+          absl::StrCat("run '", req.run_id(), "' is closed"));
+    }
+    if (error.ok() && (req.min_nodes() != run.record.min_nodes() ||
+                       req.max_nodes() != run.record.max_nodes())) {
+      error = absl::FailedPreconditionError(absl::StrCat(
+          "run '", req.run_id(), "' has nodes ", run.record.min_nodes(), ":",
+          run.record.max_nodes(), " but node '", req.node_id(), "' asked for ",
+          req.min_nodes(), ":", req.max_nodes()));
+    }
+    if (!error.ok()) {
+      deferred.push_back([done = std::move(done), error] { done(error); });
+    } else {
+      // A second join from the same node while collecting is a retry:
+      // the newer call replaces the older, which is told so.
+      auto old = run.collecting.find(req.node_id());
+      if (old != run.collecting.end()) {
+        timer_.Cancel(old->second.timer);
+        deferred.push_back([done = std::move(old->second.done)] {
+          done(absl::AbortedError(
+              "replaced by a newer join from the same node_id"));
+        });
+        run.collecting.erase(old);
+      }
+      id = next_id_++;
+      Pending& pending = run.collecting[req.node_id()];
+      pending.id = id;
+      pending.node.set_node_id(req.node_id());
+      pending.node.set_address(req.address());
+      pending.node.set_local_world_size(req.local_world_size());
+      pending.done = std::move(done);
+      pending.timeout = req.join_timeout_ms() > 0
+                            ? absl::Milliseconds(req.join_timeout_ms())
+                            : kDefaultJoinTimeout;
+      pending.timer = timer_.Schedule(
+          absl::Now() + pending.timeout,
+          [this, run_id = req.run_id(), node_id = req.node_id(), id] {
+            OnJoinTimeout(run_id, node_id, id);
+          });
+      const int n = static_cast<int>(run.collecting.size());
+      if (n >= run.record.max_nodes()) {
+        CompleteLocked(req.run_id(), run, deferred);
+        id = 0;
+      } else if (n >= run.record.min_nodes() && run.last_call == 0) {
+        const int64_t round = CollectingRound(run);
+        run.last_call = timer_.Schedule(
+            absl::Now() + absl::Milliseconds(run.record.last_call_timeout_ms()),
+            [this, run_id = req.run_id(), round] { OnLastCall(run_id, round); });
+      }
+    }
+  }
+  for (auto& fn : deferred) fn();
+  return id;
+}
+
+void Rendezvous::CompleteLocked(const std::string& run_id, Run& run,
+                                Deferred& deferred) {
+  if (run.last_call != 0) timer_.Cancel(run.last_call);
+  run.last_call = 0;
+  const int64_t round = CollectingRound(run);
+
+  v1::RunState record = run.record;
+  record.set_round(round);
+  record.set_phase(v1::RunState::COMPLETE);
+  record.clear_participants();
+  record.set_num_waiting(0);
+  int node_rank = 0, world_size = 0;
+  for (auto& [node_id, pending] : run.collecting) {
+    timer_.Cancel(pending.timer);
+    pending.node.set_node_rank(node_rank++);
+    pending.node.set_first_global_rank(world_size);
+    world_size += pending.node.local_world_size();
+    *record.add_participants() = pending.node;
+  }
+  const std::string key = RunKey(run_id);
+  if (absl::Status s = store_->Set(key, record.SerializeAsString()).status();
+      !s.ok()) {
+    // Without the record the round is not durable: fail it, keep collecting.
+    for (auto& [node_id, pending] : run.collecting) {
+      deferred.push_back([done = std::move(pending.done), s] { done(s); });
+    }
+    run.collecting.clear();
+    return;
+  }
+  run.record = record;
+  run.has_completed = true;
+
+  const bool inline_list = record.participants_size() <= kMaxInlineParticipants;
+  const std::string prefix = absl::StrCat("runs/", run_id, "/", round);
+  for (auto& [node_id, pending] : run.collecting) {
+    v1::JoinResponse resp;
+    resp.set_round(round);
+    resp.set_node_rank(pending.node.node_rank());
+    resp.set_num_nodes(record.participants_size());
+    resp.set_world_size(world_size);
+    resp.set_first_global_rank(pending.node.first_global_rank());
+    if (inline_list) {
+      *resp.mutable_participants() = record.participants();
+    } else {
+      resp.set_participants_key(key);
+    }
+    resp.set_store_prefix(prefix);
+    deferred.push_back(
+        [done = std::move(pending.done), resp = std::move(resp)]() mutable {
+          done(std::move(resp));
+        });
+  }
+  run.collecting.clear();
+}
+
+void Rendezvous::OnLastCall(const std::string& run_id, int64_t round) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) return;
+    Run& run = it->second;
+    run.last_call = 0;
+    if (CollectingRound(run) != round ||
+        static_cast<int>(run.collecting.size()) < run.record.min_nodes()) {
+      return;
+    }
+    CompleteLocked(run_id, run, deferred);
+  }
+  for (auto& fn : deferred) fn();
+}
+
+void Rendezvous::OnJoinTimeout(const std::string& run_id,
+                               const std::string& node_id, JoinId id) {
+  JoinCallback done;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) return;
+    Run& run = it->second;
+    auto pending = run.collecting.find(node_id);
+    if (pending == run.collecting.end() || pending->second.id != id) return;
+    status = absl::DeadlineExceededError(absl::StrCat(
+        "rendezvous of run '", run_id, "' round ", CollectingRound(run),
+        " timed out after ", absl::FormatDuration(pending->second.timeout),
+        ": ", run.collecting.size(), " of min_nodes=", run.record.min_nodes(),
+        " nodes arrived (", NodeList(run.collecting), ")"));
+    done = std::move(pending->second.done);
+    run.collecting.erase(pending);
+    if (static_cast<int>(run.collecting.size()) < run.record.min_nodes() &&
+        run.last_call != 0) {
+      timer_.Cancel(run.last_call);
+      run.last_call = 0;
+    }
+  }
+  done(status);
+}
+
+void Rendezvous::CancelJoin(JoinId id) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [run_id, run] : runs_) {
+    for (auto it = run.collecting.begin(); it != run.collecting.end(); ++it) {
+      if (it->second.id != id) continue;
+      timer_.Cancel(it->second.timer);
+      run.collecting.erase(it);
+      if (static_cast<int>(run.collecting.size()) < run.record.min_nodes() &&
+          run.last_call != 0) {
+        timer_.Cancel(run.last_call);
+        run.last_call = 0;
+      }
+      return;
+    }
+  }
+}
+
+absl::StatusOr<v1::RunState> Rendezvous::GetRunState(
+    const std::string& run_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = runs_.find(run_id);
+  if (it == runs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no run '", run_id, "'"));
+  }
+  const Run& run = it->second;
+  v1::RunState state = run.record;
+  if (state.phase() == v1::RunState::CLOSED) return state;
+  if (!run.has_completed) {
+    state.set_round(0);
+    state.set_phase(v1::RunState::COLLECTING);
+    state.clear_participants();
+    for (const auto& [node_id, pending] : run.collecting) {
+      *state.add_participants() = pending.node;
+    }
+  } else {
+    state.set_num_waiting(static_cast<int32_t>(run.collecting.size()));
+  }
+  return state;
+}
+
+absl::Status Rendezvous::CloseRun(const std::string& run_id) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) {
+      return absl::NotFoundError(absl::StrCat("no run '", run_id, "'"));
+    }
+    Run& run = it->second;
+    if (run.record.phase() == v1::RunState::CLOSED) return absl::OkStatus();
+    v1::RunState record = run.record;
+    record.set_phase(v1::RunState::CLOSED);
+    if (absl::Status s =
+            store_->Set(RunKey(run_id), record.SerializeAsString()).status();
+        !s.ok()) {
+      return s;
+    }
+    run.record = record;
+    if (run.last_call != 0) timer_.Cancel(run.last_call);
+    run.last_call = 0;
+    const absl::Status closed = absl::FailedPreconditionError(
+        absl::StrCat("run '", run_id, "' was closed"));
+    for (auto& [node_id, pending] : run.collecting) {
+      timer_.Cancel(pending.timer);
+      deferred.push_back(
+          [done = std::move(pending.done), closed] { done(closed); });
+    }
+    run.collecting.clear();
+  }
+  for (auto& fn : deferred) fn();
+  return absl::OkStatus();
+}
+
+void Rendezvous::Shutdown(absl::Status status) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!shutdown_.ok()) return;
+    shutdown_ = status;
+    for (auto& [run_id, run] : runs_) {
+      if (run.last_call != 0) timer_.Cancel(run.last_call);
+      run.last_call = 0;
+      for (auto& [node_id, pending] : run.collecting) {
+        timer_.Cancel(pending.timer);
+        deferred.push_back(
+            [done = std::move(pending.done), status] { done(status); });
+      }
+      run.collecting.clear();
+    }
+  }
+  for (auto& fn : deferred) fn();
+}
+
+}  // namespace cohort::server

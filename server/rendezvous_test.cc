@@ -1,0 +1,162 @@
+#include "server/rendezvous.h"
+
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "store/kv_engine.h"
+
+namespace cohort::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+// One pending join and its outcome.
+struct Joiner {
+  absl::Notification done;
+  absl::StatusOr<v1::JoinResponse> result;
+};
+
+class RendezvousTest : public ::testing::Test {
+ protected:
+  v1::JoinRequest Request(const std::string& node, int min, int max,
+                          int local = 2) {
+    v1::JoinRequest req;
+    req.set_run_id("job");
+    req.set_node_id(node);
+    req.set_address(node + ".example:1");
+    req.set_local_world_size(local);
+    req.set_min_nodes(min);
+    req.set_max_nodes(max);
+    req.set_join_timeout_ms(10000);
+    req.set_last_call_timeout_ms(100);
+    return req;
+  }
+
+  Joiner& Join(const v1::JoinRequest& req) {
+    auto& j = joiners_.emplace_back(std::make_unique<Joiner>());
+    Joiner* raw = j.get();
+    rdzv_.Join(req, [raw](absl::StatusOr<v1::JoinResponse> r) {
+      raw->result = std::move(r);
+      raw->done.Notify();
+    });
+    return *raw;
+  }
+
+  // Joiners outlive the rendezvous, which fails pending joins on exit.
+  std::vector<std::unique_ptr<Joiner>> joiners_;
+  store::KvStore store_{store::NewMemoryEngine()};
+  Rendezvous rdzv_{&store_};
+};
+
+TEST_F(RendezvousTest, CompletesAtMaxNodesWithDistinctRanks) {
+  Joiner& c = Join(Request("c", 2, 3, 1));
+  Joiner& a = Join(Request("a", 2, 3, 2));
+  EXPECT_FALSE(a.done.HasBeenNotified());
+  Joiner& b = Join(Request("b", 2, 3, 4));
+  for (Joiner* j : {&a, &b, &c}) {
+    ASSERT_TRUE(j->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+    ASSERT_TRUE(j->result.ok()) << j->result.status();
+    EXPECT_EQ(j->result->round(), 0);
+    EXPECT_EQ(j->result->num_nodes(), 3);
+    EXPECT_EQ(j->result->world_size(), 7);
+    EXPECT_EQ(j->result->participants_size(), 3);
+    EXPECT_EQ(j->result->store_prefix(), "runs/job/0");
+  }
+  // Node ranks follow node ids; global ranks are contiguous per node.
+  EXPECT_EQ(a.result->node_rank(), 0);
+  EXPECT_EQ(a.result->first_global_rank(), 0);
+  EXPECT_EQ(b.result->node_rank(), 1);
+  EXPECT_EQ(b.result->first_global_rank(), 2);
+  EXPECT_EQ(c.result->node_rank(), 2);
+  EXPECT_EQ(c.result->first_global_rank(), 6);
+  EXPECT_EQ(a.result->participants(2).address(), "c.example:1");
+}
+
+TEST_F(RendezvousTest, CompletesAfterLastCallWithMinNodes) {
+  const absl::Time start = absl::Now();
+  Joiner& a = Join(Request("a", 2, 4));
+  Joiner& b = Join(Request("b", 2, 4));
+  ASSERT_TRUE(a.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(b.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
+  EXPECT_EQ(a.result->num_nodes(), 2);
+  EXPECT_EQ(b.result->world_size(), 4);
+}
+
+TEST_F(RendezvousTest, JoinTimeoutSaysHowManyArrived) {
+  v1::JoinRequest req = Request("lonely", 3, 3);
+  req.set_join_timeout_ms(50);
+  Joiner& j = Join(req);
+  ASSERT_TRUE(j.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(j.result.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(j.result.status().message(),
+              HasSubstr("1 of min_nodes=3 nodes arrived (lonely)"));
+}
+
+TEST_F(RendezvousTest, LateJoinerWaitsForTheNextRound) {
+  Joiner& a = Join(Request("a", 2, 2));
+  Joiner& b = Join(Request("b", 2, 2));
+  ASSERT_TRUE(b.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(a.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  Joiner& late = Join(Request("c", 2, 2));
+  absl::StatusOr<v1::RunState> state = rdzv_.GetRunState("job");
+  ASSERT_TRUE(state.ok());
+  EXPECT_EQ(state->phase(), v1::RunState::COMPLETE);
+  EXPECT_EQ(state->round(), 0);
+  EXPECT_EQ(state->num_waiting(), 1);
+  EXPECT_FALSE(late.done.HasBeenNotified());
+  // One node of round 0 re-joins to let it in.
+  Joiner& again = Join(Request("a", 2, 2));
+  ASSERT_TRUE(late.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(again.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(late.result->round(), 1);
+  EXPECT_EQ(late.result->node_rank(), 1);
+  EXPECT_EQ(late.result->store_prefix(), "runs/job/1");
+}
+
+TEST_F(RendezvousTest, ClosedRunRejectsJoins) {
+  Joiner& pending = Join(Request("a", 2, 2));
+  ASSERT_TRUE(rdzv_.CloseRun("job").ok());
+  ASSERT_TRUE(pending.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(pending.result.status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  Joiner& late = Join(Request("b", 2, 2));
+  EXPECT_EQ(late.result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(late.result.status().message(), HasSubstr("closed"));
+}
+
+TEST_F(RendezvousTest, BadRequestsAndConfigMismatch) {
+  EXPECT_EQ(Join(Request("", 1, 1)).result.status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Join(Request("a", 3, 2)).result.status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Join(Request("a", 1, 1, 0)).result.status().code(),
+            absl::StatusCode::kInvalidArgument);
+  Join(Request("a", 2, 3));
+  Joiner& other = Join(Request("b", 2, 4));
+  EXPECT_EQ(other.result.status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(other.result.status().message(), HasSubstr("2:3"));
+}
+
+TEST_F(RendezvousTest, CompletedRoundsSurviveARestart) {
+  Join(Request("a", 1, 1));
+  ASSERT_TRUE(joiners_.back()->done.WaitForNotificationWithTimeout(
+      absl::Seconds(5)));
+  Rendezvous reloaded(&store_);
+  absl::StatusOr<v1::RunState> state = reloaded.GetRunState("job");
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->phase(), v1::RunState::COMPLETE);
+  EXPECT_EQ(state->participants(0).node_id(), "a");
+  absl::Notification done;
+  absl::StatusOr<v1::JoinResponse> next;
+  reloaded.Join(Request("a", 1, 1), [&](absl::StatusOr<v1::JoinResponse> r) {
+    next = std::move(r);
+    done.Notify();
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(next->round(), 1);
+}
+
+}  // namespace
+}  // namespace cohort::server
