@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/remote_store.h"
+#include "client/connection.h"
 
 namespace cohort {
 
@@ -79,7 +79,7 @@ class MemberWatch {
 class MembershipClient {
  public:
   static absl::StatusOr<std::unique_ptr<MembershipClient>> Connect(
-      const RemoteStoreOptions& connection);
+      const ConnectionOptions& connection);
   virtual ~MembershipClient() = default;
 
   virtual absl::StatusOr<std::unique_ptr<GroupMember>> JoinGroup(

@@ -14,26 +14,14 @@
 #include <memory>
 #include <string>
 
+#include "client/connection.h"
 #include "client/store.h"
 #include "cohort/v1/store.grpc.pb.h"
 
 namespace cohort {
 
-// Where cohortctl and workers look for cohortd when told nothing else.
-inline constexpr char kDefaultAddress[] = "localhost:29500";
-
-struct RemoteStoreOptions {
-  // HOST:PORT of cohortd.
-  std::string address = kDefaultAddress;
-  // How long a call waits for a connection to cohortd.
-  absl::Duration connect_timeout = absl::Seconds(30);
-  // Deadline of calls that do not block on keys.
-  absl::Duration rpc_timeout = absl::Seconds(30);
-  // Attempts for a retryable call, the first included.
-  int max_attempts = 5;
-  absl::Duration initial_backoff = absl::Milliseconds(50);
-  absl::Duration max_backoff = absl::Seconds(2);
-};
+// The connection settings (address, timeouts, retries); see connection.h.
+using RemoteStoreOptions = ConnectionOptions;
 
 class RemoteStore final : public Store {
  public:
@@ -41,7 +29,9 @@ class RemoteStore final : public Store {
   static absl::StatusOr<std::unique_ptr<RemoteStore>> Connect(
       const RemoteStoreOptions& options);
 
-  const std::string& address() const { return options_.address; }
+  const std::string& address() const {
+    return connection_->options().address;
+  }
 
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   using Store::Get;
@@ -71,24 +61,19 @@ class RemoteStore final : public Store {
  private:
   class RemoteWatch;
 
-  explicit RemoteStore(const RemoteStoreOptions& options);
+  explicit RemoteStore(std::shared_ptr<Connection> connection);
 
-  // Runs one RPC with connection waiting, deadline and (if `retryable`)
-  // retries; `what` names the call in errors.
   template <typename Request, typename Response>
   absl::Status Call(absl::string_view what, bool retryable,
                     absl::Duration deadline,
                     grpc::Status (v1::Store::Stub::*method)(
                         grpc::ClientContext*, const Request&, Response*),
-                    const Request& request, Response* response);
+                    const Request& request, Response* response) {
+    return connection_->Call(what, retryable, deadline, stub_.get(), method,
+                             request, response);
+  }
 
-  // Waits up to connect_timeout for the channel to be ready.
-  absl::Status WaitConnected();
-  absl::Status Explain(absl::string_view what, const grpc::Status& status,
-                       int attempts) const;
-
-  const RemoteStoreOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
+  std::shared_ptr<Connection> connection_;
   std::unique_ptr<v1::Store::Stub> stub_;
 };
 

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/remote_store.h"
+#include "client/connection.h"
 
 namespace cohort {
 
@@ -59,7 +59,7 @@ class RendezvousClient {
   // Uses the connection settings of `connection` (address, connect_timeout,
   // retry policy) with a channel of its own.
   static absl::StatusOr<std::unique_ptr<RendezvousClient>> Connect(
-      const RemoteStoreOptions& connection);
+      const ConnectionOptions& connection);
   virtual ~RendezvousClient() = default;
 
   // Joins the next round and blocks until it completes (or join_timeout:

@@ -1,0 +1,220 @@
+// Connection: what every cohort client shares: a channel to cohortd, the
+// wait for a (re)connection, bounded retries with backoff for calls that are
+// safe to repeat, error messages that name the server, and server streams
+// that resume from a revision after cohortd restarts.
+#ifndef COHORT_CLIENT_CONNECTION_H_
+#define COHORT_CLIENT_CONNECTION_H_
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/support/sync_stream.h"
+
+namespace cohort {
+
+// Where cohortctl and workers look for cohortd when told nothing else.
+inline constexpr char kDefaultAddress[] = "localhost:29500";
+
+struct ConnectionOptions {
+  // HOST:PORT of cohortd.
+  std::string address = kDefaultAddress;
+  // How long a call waits for a connection to cohortd.
+  absl::Duration connect_timeout = absl::Seconds(30);
+  // Deadline of calls that do not block.
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  // Attempts for a retryable call, the first included.
+  int max_attempts = 5;
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+};
+
+class Connection {
+ public:
+  // INVALID_ARGUMENT for a malformed address or policy.
+  static absl::StatusOr<std::shared_ptr<Connection>> Open(
+      const ConnectionOptions& options);
+
+  const ConnectionOptions& options() const { return options_; }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+  // Waits up to connect_timeout for the channel to be ready.
+  absl::Status WaitConnected();
+
+  // `status` as an absl::Status prefixed by `what`, naming the server when
+  // it could not be reached.
+  absl::Status Explain(absl::string_view what, const grpc::Status& status,
+                       int attempts) const;
+
+  // Sleeps for about `backoff` (jittered) and returns the next backoff.
+  absl::Duration Backoff(absl::Duration backoff) const;
+
+  // Runs one unary RPC with connection waiting, a deadline and, if
+  // `retryable`, retries while cohortd is UNAVAILABLE.
+  template <typename Stub, typename Request, typename Response>
+  absl::Status Call(absl::string_view what, bool retryable,
+                    absl::Duration deadline, Stub* stub,
+                    grpc::Status (Stub::*method)(grpc::ClientContext*,
+                                                 const Request&, Response*),
+                    const Request& request, Response* response) {
+    absl::Duration backoff = options_.initial_backoff;
+    for (int attempt = 1;; ++attempt) {
+      // Waiting for the connection already spent connect_timeout: final.
+      if (absl::Status connected = WaitConnected(); !connected.ok()) {
+        return absl::Status(connected.code(),
+                            absl::StrCat(what, ": ", connected.message()));
+      }
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+      grpc::Status status = (stub->*method)(&context, request, response);
+      if (status.ok()) return absl::OkStatus();
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE || !retryable ||
+          attempt >= options_.max_attempts) {
+        return Explain(what, status, attempt);
+      }
+      backoff = Backoff(backoff);
+    }
+  }
+
+ private:
+  explicit Connection(const ConnectionOptions& options);
+
+  const ConnectionOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+// A server stream of revisioned events (`Response` has start_revision and
+// repeated events with a revision) read on a thread of its own. When cohortd
+// becomes unavailable (a restart) it reopens the stream from the revision
+// after the last one delivered, and gives up only after connect_timeout
+// without a working stream.
+template <typename Response>
+class ResumingStream {
+ public:
+  using Event = typename std::decay_t<
+      decltype(std::declval<Response>().events(0))>;
+  using Open = std::function<std::unique_ptr<grpc::ClientReader<Response>>(
+      grpc::ClientContext*, int64_t from_revision)>;
+
+  ResumingStream(std::shared_ptr<Connection> connection, std::string what,
+                 int64_t from_revision, Open open,
+                 std::function<void(const Event&)> deliver)
+      : connection_(std::move(connection)),
+        what_(std::move(what)),
+        next_revision_(from_revision),
+        open_(std::move(open)),
+        deliver_(std::move(deliver)),
+        thread_([this] { Run(); }) {}
+
+  ~ResumingStream() { Cancel(); }
+
+  // Stops delivery; `deliver` is not called after this returns (unless this
+  // is called from it).
+  void Cancel() {
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      if (context_ != nullptr) context_->TryCancel();
+    }
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
+      thread_.join();
+    }
+  }
+
+  // Blocks until the stream ends: OK after Cancel, else why it ended.
+  absl::Status Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&ended_));
+    return status_;
+  }
+
+  // Blocks until cohortd has registered the stream (its first message) or
+  // the stream has ended; returns the error it ended with, if any.
+  absl::Status WaitStarted() {
+    absl::MutexLock lock(&mu_);
+    auto started_or_ended = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return started_ || ended_;
+    };
+    mu_.Await(absl::Condition(&started_or_ended));
+    return started_ ? absl::OkStatus() : status_;
+  }
+
+ private:
+  void Run() {
+    const ConnectionOptions& options = connection_->options();
+    absl::Duration backoff = options.initial_backoff;
+    absl::Time last_ok = absl::Now();
+    int attempts = 0;
+    absl::Status status;
+    for (;;) {
+      grpc::ClientContext context;
+      {
+        absl::MutexLock lock(&mu_);
+        if (cancelled_) break;
+        context_ = &context;
+      }
+      ++attempts;
+      std::unique_ptr<grpc::ClientReader<Response>> reader =
+          open_(&context, next_revision_);
+      Response resp;
+      while (reader->Read(&resp)) {
+        last_ok = absl::Now();
+        attempts = 0;
+        backoff = options.initial_backoff;
+        if (resp.start_revision() > 0) {
+          if (next_revision_ == 0) next_revision_ = resp.start_revision();
+          absl::MutexLock lock(&mu_);
+          started_ = true;
+        }
+        for (const Event& e : resp.events()) {
+          deliver_(e);
+          next_revision_ = e.revision() + 1;
+        }
+      }
+      grpc::Status finished = reader->Finish();
+      {
+        absl::MutexLock lock(&mu_);
+        context_ = nullptr;
+        if (cancelled_) break;
+      }
+      if (finished.error_code() != grpc::StatusCode::UNAVAILABLE ||
+          absl::Now() - last_ok > options.connect_timeout) {
+        status = connection_->Explain(what_, finished, attempts);
+        break;
+      }
+      backoff = connection_->Backoff(backoff);
+      connection_->WaitConnected().IgnoreError();
+    }
+    absl::MutexLock lock(&mu_);
+    status_ = status;
+    ended_ = true;
+  }
+
+  const std::shared_ptr<Connection> connection_;
+  const std::string what_;
+  int64_t next_revision_;  // Owned by the thread.
+  const Open open_;
+  const std::function<void(const Event&)> deliver_;
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::thread thread_;  // Last: starts once the rest is built.
+};
+
+}  // namespace cohort
+
+#endif  // COHORT_CLIENT_CONNECTION_H_

@@ -1,0 +1,130 @@
+#include "client/rendezvous_client.h"
+
+#include "cohort/v1/coordination.grpc.pb.h"
+#include "cohort/v1/store.grpc.pb.h"
+
+namespace cohort {
+namespace {
+
+constexpr absl::Duration kServerTimeoutSlack = absl::Seconds(5);
+
+RendezvousPeer ToPeer(const v1::Participant& p) {
+  return RendezvousPeer{p.node_id(), p.address(), p.local_world_size(),
+                        p.node_rank(), p.first_global_rank()};
+}
+
+class GrpcRendezvousClient final : public RendezvousClient {
+ public:
+  explicit GrpcRendezvousClient(std::shared_ptr<Connection> connection)
+      : connection_(std::move(connection)),
+        stub_(v1::Rendezvous::NewStub(connection_->channel())),
+        store_stub_(v1::Store::NewStub(connection_->channel())) {}
+
+  absl::StatusOr<RendezvousResult> Join(
+      const RendezvousOptions& options) override {
+    v1::JoinRequest req;
+    req.set_run_id(options.run_id);
+    req.set_node_id(options.node_id);
+    req.set_address(options.address);
+    req.set_local_world_size(options.local_world_size);
+    req.set_min_nodes(options.min_nodes);
+    req.set_max_nodes(options.max_nodes);
+    req.set_join_timeout_ms(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(options.join_timeout)));
+    req.set_last_call_timeout_ms(std::max<int64_t>(
+        1, absl::ToInt64Milliseconds(options.last_call_timeout)));
+    v1::JoinResponse resp;
+    // A retried join replaces the node's earlier one, so it is safe to
+    // repeat while cohortd restarts.
+    if (absl::Status s = connection_->Call(
+            "rendezvous join", true,
+            options.join_timeout + kServerTimeoutSlack, stub_.get(),
+            &v1::Rendezvous::Stub::Join, req, &resp);
+        !s.ok()) {
+      return s;
+    }
+    RendezvousResult result;
+    result.round = resp.round();
+    result.node_rank = resp.node_rank();
+    result.num_nodes = resp.num_nodes();
+    result.world_size = resp.world_size();
+    result.first_global_rank = resp.first_global_rank();
+    result.store_prefix = resp.store_prefix();
+    if (!resp.participants_key().empty()) {
+      // Large rounds keep the list in the store: read it once.
+      v1::GetRequest get;
+      get.set_key(resp.participants_key());
+      get.set_timeout_ms(1);
+      v1::GetResponse value;
+      v1::RunState state;
+      if (absl::Status s = connection_->Call(
+              "rendezvous participants", true,
+              connection_->options().rpc_timeout, store_stub_.get(),
+              &v1::Store::Stub::Get, get, &value);
+          !s.ok()) {
+        return s;
+      }
+      if (!state.ParseFromString(value.value())) {
+        return absl::DataLossError("rendezvous participants: unreadable list");
+      }
+      for (const v1::Participant& p : state.participants()) {
+        result.peers.push_back(ToPeer(p));
+      }
+    } else {
+      for (const v1::Participant& p : resp.participants()) {
+        result.peers.push_back(ToPeer(p));
+      }
+    }
+    return result;
+  }
+
+  absl::StatusOr<RunStatus> GetRunStatus(const std::string& run_id) override {
+    v1::GetRunStateRequest req;
+    req.set_run_id(run_id);
+    v1::RunState state;
+    if (absl::Status s = connection_->Call(
+            "rendezvous state", true, connection_->options().rpc_timeout,
+            stub_.get(), &v1::Rendezvous::Stub::GetRunState, req, &state);
+        !s.ok()) {
+      return s;
+    }
+    RunStatus status;
+    status.round = state.round();
+    status.phase = state.phase() == v1::RunState::COMPLETE
+                       ? RunStatus::Phase::kComplete
+                   : state.phase() == v1::RunState::CLOSED
+                       ? RunStatus::Phase::kClosed
+                       : RunStatus::Phase::kCollecting;
+    status.num_participants = state.participants_size();
+    status.num_waiting = state.num_waiting();
+    status.min_nodes = state.min_nodes();
+    status.max_nodes = state.max_nodes();
+    return status;
+  }
+
+  absl::Status CloseRun(const std::string& run_id) override {
+    v1::CloseRunRequest req;
+    req.set_run_id(run_id);
+    v1::CloseRunResponse resp;
+    return connection_->Call("close run", true,
+                             connection_->options().rpc_timeout, stub_.get(),
+                             &v1::Rendezvous::Stub::CloseRun, req, &resp);
+  }
+
+ private:
+  std::shared_ptr<Connection> connection_;
+  std::unique_ptr<v1::Rendezvous::Stub> stub_;
+  std::unique_ptr<v1::Store::Stub> store_stub_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Connect(
+    const ConnectionOptions& connection) {
+  absl::StatusOr<std::shared_ptr<Connection>> opened =
+      Connection::Open(connection);
+  if (!opened.ok()) return opened.status();
+  return std::make_unique<GrpcRendezvousClient>(std::move(*opened));
+}
+
+}  // namespace cohort
