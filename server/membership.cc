@@ -26,6 +26,15 @@ absl::Status ValidateId(absl::string_view what, absl::string_view id) {
   return absl::OkStatus();
 }
 
+// The first few of `names`, and how many more there are.
+std::string ListSome(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 16;
+  if (names.size() <= kShown) return absl::StrJoin(names, ", ");
+  return absl::StrCat(
+      absl::StrJoin(names.begin(), names.begin() + kShown, ", "), " and ",
+      names.size() - kShown, " more");
+}
+
 absl::Duration LeaseTimeout(const v1::MemberInfo& info) {
   return absl::Milliseconds(info.heartbeat_interval_ms()) *
          info.missed_heartbeats();
@@ -309,17 +318,20 @@ Membership::BarrierId Membership::Barrier(const v1::BarrierRequest& req,
       Group& group = groups_[req.group()];
       auto [it, created] = group.barriers.try_emplace(req.barrier_id());
       PendingBarrier& barrier = it->second;
-      std::vector<std::string> participants(req.participants().begin(),
-                                            req.participants().end());
-      if (participants.empty()) {
-        for (const auto& [name, live] : group.members) {
-          if (live.alive) participants.push_back(name);
-        }
-      }
-      std::sort(participants.begin(), participants.end());
+      // Per arrival the work is O(log N), so barriers of thousands of
+      // members stay cheap; the participant list is built once.
+      std::vector<std::string> named(req.participants().begin(),
+                                     req.participants().end());
+      std::sort(named.begin(), named.end());
+      named.erase(std::unique(named.begin(), named.end()), named.end());
       if (created) {
         barrier.generation = ++group.generations[req.barrier_id()];
-        barrier.participants = participants;
+        barrier.participants = named;
+        if (barrier.participants.empty()) {
+          for (const auto& [name, live] : group.members) {
+            if (live.alive) barrier.participants.push_back(name);
+          }
+        }
         barrier.timeout = timeout;
         const std::string group_name = req.group(), barrier_id = req.barrier_id();
         const int64_t generation = barrier.generation;
@@ -328,51 +340,54 @@ Membership::BarrierId Membership::Barrier(const v1::BarrierRequest& req,
               OnBarrierTimeout(group_name, barrier_id, generation);
             });
       }
-      if (!req.participants().empty() && participants != barrier.participants) {
-        const absl::Status mismatch = absl::InvalidArgumentError(absl::StrCat(
+      absl::Status rejected;
+      if (!named.empty() && named != barrier.participants) {
+        rejected = absl::InvalidArgumentError(absl::StrCat(
             "barrier '", req.barrier_id(), "' was started with participants [",
             absl::StrJoin(barrier.participants, ", "), "], not [",
-            absl::StrJoin(participants, ", "), "]"));
-        deferred.push_back([done, mismatch] { done(mismatch); });
+            absl::StrJoin(named, ", "), "]"));
       } else if (!std::binary_search(barrier.participants.begin(),
                                      barrier.participants.end(), req.name())) {
-        const absl::Status outsider = absl::FailedPreconditionError(
+        rejected = absl::FailedPreconditionError(
             absl::StrCat("'", req.name(), "' is not a participant of barrier '",
                          req.barrier_id(), "'"));
-        deferred.push_back([done, outsider] { done(outsider); });
+      }
+      if (!rejected.ok()) {
+        deferred.push_back([done, rejected] { done(rejected); });
       } else {
         id = next_barrier_id_++;
         barrier.arrived.push_back(Arrival{id, req.name(), std::move(done)});
-        // A participant that is already gone can never arrive.
-        for (const std::string& name : barrier.participants) {
-          auto m = group.members.find(name);
-          if (m == group.members.end() || !m->second.alive) {
-            FailBarrierLocked(
-                group, req.barrier_id(),
-                absl::AbortedError(absl::StrCat(
-                    "barrier '", req.barrier_id(), "' aborted: ",
-                    Describe(req.group(), name), " is not a live member")),
-                deferred);
-            id = 0;
-            break;
+        barrier.here.insert(req.name());
+        // A participant already gone when the barrier starts can never
+        // arrive; later failures abort it through AbortBarriersLocked.
+        const std::string* gone = nullptr;
+        if (created) {
+          for (const std::string& name : barrier.participants) {
+            auto m = group.members.find(name);
+            if (m == group.members.end() || !m->second.alive) {
+              gone = &name;
+              break;
+            }
           }
         }
-        if (id != 0) {
-          std::vector<std::string> here;
-          for (const Arrival& a : barrier.arrived) here.push_back(a.name);
-          std::sort(here.begin(), here.end());
-          here.erase(std::unique(here.begin(), here.end()), here.end());
-          if (here == barrier.participants) {
-            timer_.Cancel(barrier.timer);
-            for (Arrival& a : barrier.arrived) {
-              deferred.push_back([done = std::move(a.done),
-                                  generation = barrier.generation] {
-                done(generation);
-              });
-            }
-            group.barriers.erase(it);
-            id = 0;
+        if (gone != nullptr) {
+          FailBarrierLocked(
+              group, req.barrier_id(),
+              absl::AbortedError(absl::StrCat(
+                  "barrier '", req.barrier_id(), "' aborted: ",
+                  Describe(req.group(), *gone), " is not a live member")),
+              deferred);
+          id = 0;
+        } else if (barrier.here.size() == barrier.participants.size()) {
+          timer_.Cancel(barrier.timer);
+          for (Arrival& a : barrier.arrived) {
+            deferred.push_back([done = std::move(a.done),
+                                generation = barrier.generation] {
+              done(generation);
+            });
           }
+          group.barriers.erase(it);
+          id = 0;
         }
       }
       if (created) {
@@ -398,7 +413,12 @@ void Membership::CancelBarrier(BarrierId id) {
       auto it = std::find_if(arrived.begin(), arrived.end(),
                              [id](const Arrival& a) { return a.id == id; });
       if (it != arrived.end()) {
+        const std::string name = it->name;
         arrived.erase(it);
+        if (std::none_of(arrived.begin(), arrived.end(),
+                         [&](const Arrival& a) { return a.name == name; })) {
+          barrier.here.erase(name);
+        }
         return;
       }
     }
@@ -451,9 +471,9 @@ void Membership::OnBarrierTimeout(const std::string& group_name,
     const PendingBarrier& barrier = it->second;
     std::vector<std::string> missing;
     for (const std::string& name : barrier.participants) {
-      bool here = std::any_of(barrier.arrived.begin(), barrier.arrived.end(),
-                              [&](const Arrival& a) { return a.name == name; });
-      if (!here) missing.push_back(Describe(group_name, name));
+      if (!barrier.here.contains(name)) {
+        missing.push_back(Describe(group_name, name));
+      }
     }
     const size_t n = barrier.participants.size();
     FailBarrierLocked(
@@ -461,7 +481,7 @@ void Membership::OnBarrierTimeout(const std::string& group_name,
         absl::DeadlineExceededError(absl::StrCat(
             "barrier '", barrier_id, "' timed out after ",
             absl::FormatDuration(barrier.timeout), ": ", n - missing.size(),
-            "/", n, " arrived; missing: ", absl::StrJoin(missing, ", "))),
+            "/", n, " arrived; missing: ", ListSome(missing))),
         deferred);
   }
   for (auto& fn : deferred) fn();

@@ -18,6 +18,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -78,6 +79,7 @@ class Membership {
     int64_t generation = 0;
     std::vector<std::string> participants;  // Sorted.
     std::vector<Arrival> arrived;
+    absl::flat_hash_set<std::string> here;  // Names in `arrived`.
     store::DeadlineTimer::TimerId timer = 0;
     absl::Duration timeout;
   };
