@@ -38,11 +38,20 @@ absl::Status ValidateRequest(const v1::JoinRequest& req) {
   return absl::OkStatus();
 }
 
+// The first few node ids, and how many more there are.
 template <typename T>
 std::string NodeList(const std::map<std::string, T>& nodes) {
+  constexpr size_t kShown = 16;
   std::vector<std::string> ids;
-  for (const auto& [id, _] : nodes) ids.push_back(id);
-  return absl::StrJoin(ids, ", ");
+  for (const auto& [id, _] : nodes) {
+    if (ids.size() == kShown) break;
+    ids.push_back(id);
+  }
+  std::string out = absl::StrJoin(ids, ", ");
+  if (nodes.size() > kShown) {
+    absl::StrAppend(&out, " and ", nodes.size() - kShown, " more");
+  }
+  return out;
 }
 
 }  // namespace
