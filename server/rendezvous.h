@@ -33,7 +33,7 @@ class Rendezvous {
 
   // Rounds with more nodes than this leave JoinResponse.participants empty
   // (see coordination.proto).
-  static constexpr int kMaxInlineParticipants = 1024;
+  static constexpr int kMaxInlineParticipants = 256;
 
   // Loads the runs recorded in `store`, which must outlive this.
   explicit Rendezvous(store::KvStore* store);
