@@ -30,6 +30,9 @@ Connection::Connection(const ConnectionOptions& options) : options_(options) {
   // Reconnect quickly after a cohortd restart.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  // After a failed connection gRPC re-resolves the address, by default at
+  // most every 30 s; a restarted cohortd must not wait on that.
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
   channel_ = grpc::CreateCustomChannel(
       options.address, grpc::InsecureChannelCredentials(), args);
 }

@@ -168,8 +168,9 @@ class ResumingStream {
       std::unique_ptr<grpc::ClientReader<Response>> reader =
           open_(&context, next_revision_);
       Response resp;
+      bool established = false;
       while (reader->Read(&resp)) {
-        last_ok = absl::Now();
+        established = true;
         attempts = 0;
         backoff = options.initial_backoff;
         if (resp.start_revision() > 0) {
@@ -183,6 +184,9 @@ class ResumingStream {
         }
       }
       grpc::Status finished = reader->Finish();
+      // A stream that worked until now, however quiet, was healthy up to
+      // this moment: the outage starts here.
+      if (established) last_ok = absl::Now();
       {
         absl::MutexLock lock(&mu_);
         context_ = nullptr;

@@ -120,6 +120,9 @@ class GrpcGroupMember final : public GroupMember {
       req.set_incarnation(incarnation_);
       v1::HeartbeatResponse resp;
       grpc::ClientContext context;
+      // Wait for a reconnection (cohortd restarting) rather than failing
+      // fast; the next heartbeat is due after one interval anyway.
+      context.set_wait_for_ready(true);
       context.set_deadline(
           absl::ToChronoTime(absl::Now() + options_.heartbeat_interval));
       grpc::Status status = stub_->Heartbeat(&context, req, &resp);
@@ -170,6 +173,7 @@ class GrpcMemberWatch final : public MemberWatch {
             }) {}
 
   void Cancel() override { stream_.Cancel(); }
+  absl::Status Wait() override { return stream_.Wait(); }
   absl::Status WaitStarted() { return stream_.WaitStarted(); }
 
  private:

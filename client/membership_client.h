@@ -69,11 +69,15 @@ class GroupMember {
   virtual absl::Status Leave() = 0;
 };
 
-// Stops delivery when destroyed.
+// A running member watch; destroying it cancels the watch.
 class MemberWatch {
  public:
   virtual ~MemberWatch() = default;
+  // Stops delivery; the callback is not called after Cancel returns.
   virtual void Cancel() = 0;
+  // Blocks until the watch ends: OK after Cancel, else why it ended (e.g.
+  // cohortd unreachable for connect_timeout).
+  virtual absl::Status Wait() = 0;
 };
 
 class MembershipClient {
