@@ -1,0 +1,664 @@
+#include "client/file_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <deque>
+#include <optional>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "store/key_text.h"
+
+namespace cohort {
+
+using store::Quote;
+using store::QuoteList;
+
+namespace file_store_internal {
+
+struct Mutation {
+  std::string key;
+  std::string value;  // Empty for a delete.
+  bool is_put = true;
+};
+
+}  // namespace file_store_internal
+
+namespace {
+
+using file_store_internal::Mutation;
+
+// The file starts with kMagic, then holds records: a little-endian u32 length
+// of the rest, a kind, and for a batch each mutation as an op, a u32 key
+// length and the key, and for a put a u32 value length and the value.
+constexpr absl::string_view kMagic = "cohort FileStore v1\n";
+// A batch is one revision; opens and closes count the stores using the file.
+constexpr char kBatch = 'B', kOpen = 'O', kClose = 'C';
+constexpr char kPut = 'P', kDelete = 'D';
+constexpr absl::Duration kMinPoll = absl::Milliseconds(1);
+constexpr absl::Duration kMaxPoll = absl::Milliseconds(16);
+constexpr int kMaxOpenAttempts = 100;
+
+struct Record {
+  char kind;
+  std::vector<Mutation> mutations;
+};
+
+// A key for an error message: printable, and cut short if long.
+
+absl::Status FileError(absl::string_view what, const std::string& path) {
+  return absl::ErrnoToStatus(
+      errno, absl::StrCat(what, " FileStore file \"", path, "\""));
+}
+
+absl::Status ValidateKeys(absl::Span<const std::string> keys) {
+  for (const std::string& key : keys) {
+    if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
+  }
+  return absl::OkStatus();
+}
+
+bool PreadAll(int fd, std::string& buf, int64_t offset) {
+  for (size_t done = 0; done < buf.size();) {
+    ssize_t n = ::pread(fd, &buf[done], buf.size() - done, offset + done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += n;
+  }
+  return true;
+}
+
+bool PwriteAll(int fd, absl::string_view buf, int64_t offset) {
+  for (size_t done = 0; done < buf.size();) {
+    ssize_t n =
+        ::pwrite(fd, buf.data() + done, buf.size() - done, offset + done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += n;
+  }
+  return true;
+}
+
+void PutU32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+
+uint32_t GetU32(absl::string_view in) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) {
+    v |= uint32_t{static_cast<uint8_t>(in[i])} << (8 * i);
+  }
+  return v;
+}
+
+// Takes length-prefixed bytes off the front of `in`.
+bool GetBytes(absl::string_view& in, std::string& out) {
+  if (in.size() < 4 || in.size() - 4 < GetU32(in)) return false;
+  out.assign(in.data() + 4, GetU32(in));
+  in.remove_prefix(4 + out.size());
+  return true;
+}
+
+absl::StatusOr<std::string> EncodeRecord(
+    char kind, const std::vector<Mutation>& mutations) {
+  std::string body(1, kind);
+  for (const Mutation& m : mutations) {
+    body.push_back(m.is_put ? kPut : kDelete);
+    PutU32(body, m.key.size());
+    body += m.key;
+    if (!m.is_put) continue;
+    PutU32(body, m.value.size());
+    body += m.value;
+  }
+  if (body.size() > UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a change of ", body.size(), " bytes is over FileStore's 4 GiB limit"));
+  }
+  std::string record;
+  PutU32(record, body.size());
+  return record + body;
+}
+
+// Parses the whole records at the front of `data`, which starts at byte
+// `offset` of the file, and returns the bytes they take. A record cut short
+// is from a writer that died mid-write (readers hold the lock, so no write
+// is in progress): it is left for the next writer to cut off.
+absl::StatusOr<size_t> ParseRecords(absl::string_view data, int64_t offset,
+                                    const std::string& path,
+                                    std::vector<Record>& out) {
+  size_t used = 0;
+  while (data.size() - used >= 4) {
+    const uint32_t size = GetU32(data.substr(used));
+    if (data.size() - used - 4 < size) break;
+    absl::string_view body = data.substr(used + 4, size);
+    Record record{body.empty() ? '\0' : body[0], {}};
+    bool ok =
+        record.kind == kBatch || record.kind == kOpen || record.kind == kClose;
+    if (ok) body.remove_prefix(1);
+    while (ok && !body.empty()) {
+      Mutation m;
+      m.is_put = body[0] == kPut;
+      ok = m.is_put || body[0] == kDelete;
+      body.remove_prefix(1);
+      ok =
+          ok && GetBytes(body, m.key) && (!m.is_put || GetBytes(body, m.value));
+      record.mutations.push_back(std::move(m));
+    }
+    if (!ok) {
+      return absl::DataLossError(
+          absl::StrCat("FileStore file \"", path,
+                       "\" is corrupt: bad record at byte ", offset + used));
+    }
+    out.push_back(std::move(record));
+    used += 4 + size;
+  }
+  return used;
+}
+
+}  // namespace
+
+// An exclusive lock on the whole file for a scope. It is an open file
+// description lock: unlike a classic fcntl lock it is not shared by every
+// FileStore of the process on the file, nor dropped when one of them closes.
+class FileStore::FileLock {
+ public:
+  FileLock(int fd, const std::string& path) : fd_(fd) {
+    struct flock lock = {};
+    lock.l_type = F_WRLCK;
+    lock.l_whence = SEEK_SET;
+    while (::fcntl(fd, F_OFD_SETLKW, &lock) != 0) {
+      if (errno != EINTR) {
+        status_ = FileError("cannot lock", path);
+        break;
+      }
+    }
+  }
+  ~FileLock() {
+    if (!status_.ok()) return;
+    struct flock lock = {};
+    lock.l_type = F_UNLCK;
+    lock.l_whence = SEEK_SET;
+    ::fcntl(fd_, F_OFD_SETLK, &lock);
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  const int fd_;
+  absl::Status status_;
+};
+
+// Events reach the watch's queue whenever any thread of the store reads the
+// file; the watch's thread reads it too, so that they arrive when it is idle.
+class FileStore::FileWatch final : public WatchHandle {
+ public:
+  FileWatch(FileStore* store, absl::string_view prefix, int64_t start,
+            WatchCallback callback)
+      : store_(store),
+        prefix_(prefix),
+        start_(start),
+        callback_(std::move(callback)) {}
+  ~FileWatch() override { Cancel(); }
+
+  void Start() {
+    thread_ = std::thread([this] { Run(); });
+  }
+
+  void Offer(const Mutation& m, int64_t revision) {
+    if (revision < start_ || !absl::StartsWith(m.key, prefix_)) return;
+    WatchEvent event;
+    event.type = m.is_put ? WatchEvent::Type::kPut : WatchEvent::Type::kDelete;
+    event.key = m.key;
+    event.value = m.value;
+    event.revision = revision;
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(event));
+  }
+
+  void Cancel() override {
+    store_->Unregister(this);
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+    }
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
+      thread_.join();
+    }
+  }
+
+  absl::Status Wait() override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+    return status_;
+  }
+
+ private:
+  void Run() {
+    absl::Duration poll = kMinPoll;
+    absl::Status status;
+    for (;;) {
+      std::optional<WatchEvent> event;
+      {
+        absl::MutexLock lock(&mu_);
+        if (cancelled_) break;
+        if (!queue_.empty()) {
+          event = std::move(queue_.front());
+          queue_.pop_front();
+        }
+      }
+      if (event) {
+        callback_(*event);
+        poll = kMinPoll;
+        continue;
+      }
+      status = store_->Poll();
+      if (!status.ok()) break;
+      absl::MutexLock lock(&mu_);
+      if (queue_.empty()) {
+        mu_.AwaitWithTimeout(absl::Condition(&cancelled_), poll);
+        poll = std::min(poll * 2, kMaxPoll);
+      }
+    }
+    if (!status.ok()) store_->Unregister(this);
+    absl::MutexLock lock(&mu_);
+    status_ = status;
+    done_ = true;
+  }
+
+  FileStore* const store_;
+  const std::string prefix_;
+  const int64_t start_;
+  const WatchCallback callback_;
+  std::thread thread_;
+  absl::Mutex mu_;
+  std::deque<WatchEvent> queue_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::StatusOr<std::unique_ptr<FileStore>> FileStore::Open(
+    const std::string& path, int num_workers) {
+  for (int attempt = 0; attempt < kMaxOpenAttempts; ++attempt) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return FileError("cannot open or create", path);
+    std::unique_ptr<FileStore> store(new FileStore(path, fd, num_workers));
+    absl::StatusOr<bool> joined = store->Join();
+    if (!joined.ok()) return joined.status();
+    if (*joined) return store;
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "FileStore file \"", path, "\" was removed ", kMaxOpenAttempts,
+      " times while being opened; are its users closing it in a loop?"));
+}
+
+FileStore::FileStore(std::string path, int fd, int num_workers)
+    : path_(std::move(path)), num_workers_(num_workers), fd_(fd) {}
+
+FileStore::~FileStore() {
+  Leave();
+  ::close(fd_);
+}
+
+absl::StatusOr<bool> FileStore::PathIsOursLocked() {
+  struct stat opened, named;
+  if (::fstat(fd_, &opened) != 0) return FileError("cannot stat", path_);
+  if (opened.st_nlink == 0) return false;
+  if (::stat(path_.c_str(), &named) != 0) {
+    if (errno == ENOENT) return false;
+    return FileError("cannot stat", path_);
+  }
+  return named.st_dev == opened.st_dev && named.st_ino == opened.st_ino;
+}
+
+absl::StatusOr<bool> FileStore::Join() {
+  absl::MutexLock lock(&mu_);
+  FileLock file(fd_, path_);
+  if (!file.status().ok()) return file.status();
+  // The last user removes the file while holding its lock: if we opened it
+  // just before, we must open the path again rather than join a dead file.
+  absl::StatusOr<bool> ours = PathIsOursLocked();
+  if (!ours.ok() || !*ours) return ours;
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return FileError("cannot stat", path_);
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "\"", path_, "\" is not a FileStore file: not a regular file"));
+  }
+  std::string head(std::min<int64_t>(st.st_size, kMagic.size()), '\0');
+  if (!PreadAll(fd_, head, 0)) return FileError("cannot read", path_);
+  if (head != kMagic) {
+    // A new file, or one whose creator died before its header was whole.
+    if (!absl::StartsWith(kMagic, head)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "\"", path_, "\" is not a FileStore file: it does not start with ",
+          Quote(kMagic)));
+    }
+    if (::ftruncate(fd_, 0) != 0 || !PwriteAll(fd_, kMagic, 0)) {
+      return FileError("cannot initialize", path_);
+    }
+  }
+  offset_ = kMagic.size();
+  if (absl::Status s = SyncLocked(file); !s.ok()) return s;
+  if (absl::Status s = AppendLocked(kOpen, {}); !s.ok()) return s;
+  joined_ = true;
+  return true;
+}
+
+void FileStore::Leave() {
+  absl::MutexLock lock(&mu_);
+  if (!joined_) return;
+  FileLock file(fd_, path_);
+  absl::Status status = SyncLocked(file);
+  if (status.ok()) status = AppendLocked(kClose, {});
+  if (!status.ok()) {
+    std::fprintf(stderr, "cohort::FileStore: could not record the close: %s\n",
+                 status.ToString().c_str());
+    return;
+  }
+  // c10d's rule: with num_workers set, the file goes once that many stores
+  // closed and none is open. Removing it under the lock tells a store being
+  // opened to open the path again (see Join).
+  if (num_workers_ > 0 && closes_ >= num_workers_ && opens_ == closes_) {
+    absl::StatusOr<bool> ours = PathIsOursLocked();
+    if (ours.ok() && *ours) ::unlink(path_.c_str());
+  }
+}
+
+absl::Status FileStore::SyncLocked(const FileLock& file) {
+  if (!file.status().ok()) return file.status();
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return FileError("cannot stat", path_);
+  if (st.st_size < offset_) {
+    return absl::DataLossError(absl::StrCat(
+        "FileStore file \"", path_, "\" shrank from ", offset_, " to ",
+        st.st_size, " bytes: something other than FileStore wrote to it"));
+  }
+  if (st.st_size == offset_) return absl::OkStatus();
+  std::string tail(st.st_size - offset_, '\0');
+  if (!PreadAll(fd_, tail, offset_)) return FileError("cannot read", path_);
+  std::vector<Record> records;
+  absl::StatusOr<size_t> used = ParseRecords(tail, offset_, path_, records);
+  if (!used.ok()) return used.status();
+  offset_ += *used;
+  for (Record& r : records) ApplyLocked(r.kind, r.mutations);
+  return absl::OkStatus();
+}
+
+absl::Status FileStore::Poll() {
+  absl::MutexLock lock(&mu_);
+  FileLock file(fd_, path_);
+  return SyncLocked(file);
+}
+
+absl::Status FileStore::AppendLocked(char kind,
+                                     std::vector<Mutation> mutations) {
+  absl::StatusOr<std::string> record = EncodeRecord(kind, mutations);
+  if (!record.ok()) return record.status();
+  // Bytes past offset_ are a record cut short by a dead writer: cut them off.
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return FileError("cannot stat", path_);
+  if (st.st_size > offset_ && ::ftruncate(fd_, offset_) != 0) {
+    return FileError("cannot truncate", path_);
+  }
+  if (!PwriteAll(fd_, *record, offset_)) {
+    return FileError("cannot write", path_);
+  }
+  offset_ += record->size();
+  ApplyLocked(kind, mutations);
+  return absl::OkStatus();
+}
+
+void FileStore::ApplyLocked(char kind, std::vector<Mutation>& mutations) {
+  if (kind == kOpen) ++opens_;
+  if (kind == kClose) ++closes_;
+  if (kind != kBatch) return;
+  ++revision_;
+  for (Mutation& m : mutations) {
+    for (FileWatch* watch : watches_) watch->Offer(m, revision_);
+    if (m.is_put) {
+      data_[m.key] = std::move(m.value);
+    } else {
+      data_.erase(m.key);
+    }
+  }
+}
+
+absl::Status FileStore::Commit(std::vector<Mutation> mutations) {
+  absl::MutexLock lock(&mu_);
+  FileLock file(fd_, path_);
+  if (absl::Status s = SyncLocked(file); !s.ok()) return s;
+  return AppendLocked(kBatch, std::move(mutations));
+}
+
+absl::StatusOr<std::vector<std::string>> FileStore::Read(
+    absl::Span<const std::string> keys, bool values, absl::Duration timeout) {
+  if (absl::Status s = ValidateKeys(keys); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration poll = kMinPoll;
+  for (;;) {
+    std::vector<absl::string_view> missing;
+    std::vector<std::string> out;
+    {
+      absl::MutexLock lock(&mu_);
+      FileLock file(fd_, path_);
+      if (absl::Status s = SyncLocked(file); !s.ok()) return s;
+      std::set<absl::string_view> seen;
+      for (const std::string& key : keys) {
+        auto it = data_.find(key);
+        if (it == data_.end()) {
+          if (seen.insert(key).second) missing.push_back(key);
+        } else if (values) {
+          out.push_back(it->second);
+        }
+      }
+    }
+    if (missing.empty()) return out;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("timed out after ", absl::FormatDuration(timeout),
+                       " waiting for ", missing.size(), " of ", keys.size(),
+                       keys.size() == 1 ? " key" : " keys",
+                       "; missing: ", QuoteList(missing)));
+    }
+    absl::SleepFor(std::min(poll, deadline - now));
+    poll = std::min(poll * 2, kMaxPoll);
+  }
+}
+
+absl::Status FileStore::Set(absl::string_view key, absl::string_view value) {
+  if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
+  return Commit({{std::string(key), std::string(value)}});
+}
+
+absl::StatusOr<std::string> FileStore::Get(absl::string_view key,
+                                           absl::Duration timeout) {
+  absl::StatusOr<std::vector<std::string>> values =
+      Read({std::string(key)}, true, timeout);
+  if (!values.ok()) return values.status();
+  return std::move(values->front());
+}
+
+absl::StatusOr<int64_t> FileStore::Add(absl::string_view key, int64_t delta) {
+  if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
+  absl::MutexLock lock(&mu_);
+  FileLock file(fd_, path_);
+  if (absl::Status s = SyncLocked(file); !s.ok()) return s;
+  int64_t value = 0, sum = 0;
+  auto it = data_.find(key);
+  if (it != data_.end() && !absl::SimpleAtoi(it->second, &value)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot add to key ", Quote(key), ": its value ", Quote(it->second),
+        " is not a decimal int64 (was it written by set rather than add?)"));
+  }
+  if (__builtin_add_overflow(value, delta, &sum)) {
+    return absl::OutOfRangeError(absl::StrCat("adding ", delta, " to key ",
+                                              Quote(key), " (value ", value,
+                                              ") overflows int64"));
+  }
+  absl::Status s =
+      AppendLocked(kBatch, {{std::string(key), absl::StrCat(sum)}});
+  if (!s.ok()) return s;
+  return sum;
+}
+
+absl::StatusOr<std::string> FileStore::CompareSet(absl::string_view key,
+                                                  absl::string_view expected,
+                                                  absl::string_view desired) {
+  if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
+  absl::MutexLock lock(&mu_);
+  FileLock file(fd_, path_);
+  if (absl::Status s = SyncLocked(file); !s.ok()) return s;
+  auto it = data_.find(key);
+  const bool write =
+      it == data_.end() ? expected.empty() : it->second == expected;
+  if (!write) {
+    // c10d: a missing key returns `expected`, a mismatch the current value.
+    return it == data_.end() ? std::string(expected) : it->second;
+  }
+  absl::Status s =
+      AppendLocked(kBatch, {{std::string(key), std::string(desired)}});
+  if (!s.ok()) return s;
+  return std::string(desired);
+}
+
+absl::Status FileStore::Wait(absl::Span<const std::string> keys,
+                             absl::Duration timeout) {
+  return Read(keys, false, timeout).status();
+}
+
+absl::StatusOr<bool> FileStore::Check(absl::Span<const std::string> keys) {
+  if (absl::Status s = ValidateKeys(keys); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  FileLock file(fd_, path_);
+  if (absl::Status s = SyncLocked(file); !s.ok()) return s;
+  for (const std::string& key : keys) {
+    if (data_.count(key) == 0) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<bool> FileStore::DeleteKey(absl::string_view key) {
+  if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
+  absl::MutexLock lock(&mu_);
+  FileLock file(fd_, path_);
+  if (absl::Status s = SyncLocked(file); !s.ok()) return s;
+  if (data_.count(key) == 0) return false;
+  Mutation m;
+  m.key = std::string(key);
+  m.is_put = false;
+  if (absl::Status s = AppendLocked(kBatch, {std::move(m)}); !s.ok()) return s;
+  return true;
+}
+
+absl::StatusOr<int64_t> FileStore::NumKeys() {
+  absl::MutexLock lock(&mu_);
+  FileLock file(fd_, path_);
+  if (absl::Status s = SyncLocked(file); !s.ok()) return s;
+  return static_cast<int64_t>(data_.size());
+}
+
+absl::StatusOr<std::vector<std::string>> FileStore::MultiGet(
+    absl::Span<const std::string> keys, absl::Duration timeout) {
+  return Read(keys, true, timeout);
+}
+
+absl::Status FileStore::MultiSet(absl::Span<const std::string> keys,
+                                 absl::Span<const std::string> values) {
+  if (keys.size() != values.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "multi_set got ", keys.size(), " keys but ", values.size(), " values"));
+  }
+  if (absl::Status s = ValidateKeys(keys); !s.ok()) return s;
+  if (keys.empty()) return absl::OkStatus();
+  std::vector<Mutation> batch(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    batch[i].key = keys[i];
+    batch[i].value = values[i];
+  }
+  return Commit(std::move(batch));
+}
+
+absl::Status FileStore::Append(absl::string_view key, absl::string_view value) {
+  if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
+  absl::MutexLock lock(&mu_);
+  FileLock file(fd_, path_);
+  if (absl::Status s = SyncLocked(file); !s.ok()) return s;
+  Mutation m;
+  m.key = std::string(key);
+  auto it = data_.find(m.key);
+  if (it != data_.end()) m.value = it->second;
+  m.value.append(value.data(), value.size());
+  return AppendLocked(kBatch, {std::move(m)});
+}
+
+absl::StatusOr<KeyList> FileStore::ListKeys(absl::string_view prefix) {
+  absl::MutexLock lock(&mu_);
+  FileLock file(fd_, path_);
+  if (absl::Status s = SyncLocked(file); !s.ok()) return s;
+  KeyList list;
+  list.revision = revision_;
+  for (auto it = data_.lower_bound(prefix);
+       it != data_.end() && absl::StartsWith(it->first, prefix); ++it) {
+    list.keys.push_back(it->first);
+  }
+  return list;
+}
+
+absl::StatusOr<std::unique_ptr<WatchHandle>> FileStore::Watch(
+    absl::string_view prefix, int64_t from_revision, WatchCallback callback) {
+  if (from_revision < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("from_revision must be >= 0, got ", from_revision));
+  }
+  std::unique_ptr<FileWatch> watch;
+  {
+    absl::MutexLock lock(&mu_);
+    FileLock file(fd_, path_);
+    if (absl::Status s = SyncLocked(file); !s.ok()) return s;
+    const int64_t start = from_revision > 0 ? from_revision : revision_ + 1;
+    watch =
+        std::make_unique<FileWatch>(this, prefix, start, std::move(callback));
+    if (start <= revision_) {
+      // Replay the log up to what this store has applied; later records
+      // reach the watch through ApplyLocked once it is registered.
+      std::string log(offset_ - kMagic.size(), '\0');
+      if (!PreadAll(fd_, log, kMagic.size())) {
+        return FileError("cannot read", path_);
+      }
+      std::vector<Record> records;
+      absl::StatusOr<size_t> used =
+          ParseRecords(log, kMagic.size(), path_, records);
+      if (!used.ok()) return used.status();
+      int64_t revision = 0;
+      for (const Record& r : records) {
+        if (r.kind != kBatch) continue;
+        ++revision;
+        for (const Mutation& m : r.mutations) watch->Offer(m, revision);
+      }
+    }
+    watches_.push_back(watch.get());
+  }
+  watch->Start();
+  return std::unique_ptr<WatchHandle>(std::move(watch));
+}
+
+void FileStore::Unregister(FileWatch* watch) {
+  absl::MutexLock lock(&mu_);
+  watches_.erase(std::remove(watches_.begin(), watches_.end(), watch),
+                 watches_.end());
+}
+
+}  // namespace cohort
