@@ -70,6 +70,15 @@ for n in a b; do
 done
 grep -q "rank 3 .*exit code 3" "$TMP"/always.err.* || fail "no message naming rank 3: $(cat "$TMP"/always.err.*)"
 
+# 4. A C++ worker initialising its process group from env:// (Gloo over
+#    loopback): the four ranks of two nodes sum 1..4.
+two_nodes gloo --nnodes=2:2 --nproc-per-node=2 -- worker/examples/allreduce
+for n in a b; do
+  [[ $(cat "$TMP/gloo.rc.$n") == 0 ]] || fail "allreduce node $n exited $(cat "$TMP/gloo.rc.$n"): $(cat "$TMP/gloo.err.$n")"
+done
+[[ $(cat "$TMP"/gloo.out.* | grep -c "of 4: sum of 1..4 = 10$") == 4 ]] ||
+  fail "allreduce output: $(cat "$TMP"/gloo.out.*)"
+
 if ((failures)); then
   cat "$TMP/cohortd.log"
   echo "$failures check(s) failed"
