@@ -22,6 +22,7 @@
 #include "client/in_process_store.h"
 #include "client/remote_store.h"
 #include "gtest/gtest.h"
+#include "tests/cohortd_process.h"
 #include "worker/reduce.h"
 
 namespace cohort {
@@ -34,59 +35,23 @@ constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin,
                              ReduceOp::kMax, ReduceOp::kAvg};
 constexpr absl::Duration kWait = absl::Seconds(30);
 
-// cohortd (bazel's //server:cohortd, a data dependency) on a free port.
+// cohortd (bazel's //server:cohortd, a data dependency) on a free port,
+// shared by the tests of a suite.
 class Cohortd {
  public:
   static void Start() {
-    int fds[2];
-    ASSERT_EQ(pipe(fds), 0);
-    pid_ = fork();
-    ASSERT_GE(pid_, 0);
-    if (pid_ == 0) {
-      dup2(fds[1], STDERR_FILENO);
-      close(fds[0]);
-      close(fds[1]);
-      execl("server/cohortd", "server/cohortd", "--listen=127.0.0.1:0",
-            "--engine=memory", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(fds[1]);
-    // The log line "serving cohort.v1.Store on 127.0.0.1:PORT; ..." names
-    // the port it picked.
-    const std::string kMarker = "serving cohort.v1.Store on ";
-    std::string log;
-    char chunk[512];
-    while (true) {
-      ssize_t n = read(fds[0], chunk, sizeof(chunk));
-      ASSERT_GT(n, 0) << "cohortd exited before serving:\n" << log;
-      log.append(chunk, n);
-      size_t at = log.find(kMarker);
-      if (at == std::string::npos) continue;
-      size_t end = log.find(';', at);
-      if (end == std::string::npos) continue;
-      address_ = log.substr(at + kMarker.size(), end - at - kMarker.size());
-      break;
-    }
-    // Kept open: cohortd would die of SIGPIPE writing its next log line.
-    log_fd_ = fds[0];
+    auto server = testing::CohortdProcess::Start({"--engine=memory"});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = new testing::CohortdProcess(std::move(*server));
   }
-
   static void Stop() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
-    if (log_fd_ >= 0) close(log_fd_);
-    log_fd_ = -1;
+    delete server_;
+    server_ = nullptr;
   }
-
-  static const std::string& address() { return address_; }
+  static std::string address() { return server_->address(); }
 
  private:
-  static inline pid_t pid_ = -1;
-  static inline int log_fd_ = -1;
-  static inline std::string address_;
+  static inline testing::CohortdProcess* server_ = nullptr;
 };
 
 // What a rank's main function gets.
