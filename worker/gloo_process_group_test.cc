@@ -611,6 +611,9 @@ TEST_F(CohortdTest, DeadPeerFailsTheOpInsteadOfHanging) {
     absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
         r.NewGroup(absl::Seconds(3));
     if (!group.ok()) return group.status();
+    // Both ranks are fully connected before one dies: Create returning on
+    // one rank does not mean its peer has finished connecting.
+    if (absl::Status s = (*group)->Barrier()->Wait(kWait); !s.ok()) return s;
     if (r.rank == 1) {
       _exit(0);  // Dies with its connections open, without a goodbye.
     }
