@@ -27,6 +27,17 @@ namespace cohort {
 // Where cohortctl and workers look for cohortd when told nothing else.
 inline constexpr char kDefaultAddress[] = "localhost:29500";
 
+// Slack given to a blocking call's gRPC deadline beyond the timeout cohortd
+// enforces itself, so that cohortd's explanation (which keys, which ranks
+// are missing) arrives before the client gives up on its own.
+inline constexpr absl::Duration kServerTimeoutSlack = absl::Seconds(5);
+
+// A duration as the positive millisecond count the protos take (0 would
+// mean "the server's default").
+inline int64_t ToMillis(absl::Duration d) {
+  return std::max<int64_t>(1, absl::ToInt64Milliseconds(d));
+}
+
 struct ConnectionOptions {
   // HOST:PORT of cohortd.
   std::string address = kDefaultAddress;

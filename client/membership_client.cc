@@ -9,8 +9,6 @@
 namespace cohort {
 namespace {
 
-constexpr absl::Duration kServerTimeoutSlack = absl::Seconds(5);
-
 Member ToMember(const v1::MemberInfo& info) {
   return Member{info.name(), info.incarnation(), info.rank(), info.host()};
 }
@@ -66,7 +64,7 @@ class GrpcGroupMember final : public GroupMember {
     req.set_name(options_.name);
     req.set_incarnation(incarnation_);
     for (const std::string& p : participants) req.add_participants(p);
-    req.set_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
+    req.set_timeout_ms(ToMillis(timeout));
     v1::BarrierResponse resp;
     return connection_->Call(absl::StrCat("barrier '", barrier_id, "'"), false,
                              timeout + kServerTimeoutSlack, stub_.get(),
@@ -198,8 +196,7 @@ class GrpcMembershipClient final : public MembershipClient {
     req.set_name(options.name);
     req.set_rank(options.rank);
     req.set_host(options.host);
-    req.set_heartbeat_interval_ms(std::max<int64_t>(
-        1, absl::ToInt64Milliseconds(options.heartbeat_interval)));
+    req.set_heartbeat_interval_ms(ToMillis(options.heartbeat_interval));
     req.set_missed_heartbeats(options.missed_heartbeats);
     v1::JoinGroupResponse resp;
     if (absl::Status s = connection_->Call(

@@ -11,16 +11,6 @@
 namespace cohort {
 namespace {
 
-// Slack given to a blocking call's gRPC deadline beyond the timeout the
-// server enforces, so that the server's message (naming the missing keys)
-// arrives before the client gives up on its own.
-constexpr absl::Duration kServerTimeoutSlack = absl::Seconds(5);
-
-int64_t ToMillis(absl::Duration d) {
-  // 0 would mean "server default"; ask for at least 1 ms.
-  return std::max<int64_t>(1, absl::ToInt64Milliseconds(d));
-}
-
 template <typename Repeated>
 void CopyKeys(absl::Span<const std::string> keys, Repeated* out) {
   out->Reserve(keys.size());

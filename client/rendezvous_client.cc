@@ -6,8 +6,6 @@
 namespace cohort {
 namespace {
 
-constexpr absl::Duration kServerTimeoutSlack = absl::Seconds(5);
-
 RendezvousPeer ToPeer(const v1::Participant& p) {
   return RendezvousPeer{p.node_id(), p.address(), p.local_world_size(),
                         p.node_rank(), p.first_global_rank()};
@@ -29,10 +27,8 @@ class GrpcRendezvousClient final : public RendezvousClient {
     req.set_local_world_size(options.local_world_size);
     req.set_min_nodes(options.min_nodes);
     req.set_max_nodes(options.max_nodes);
-    req.set_join_timeout_ms(
-        std::max<int64_t>(1, absl::ToInt64Milliseconds(options.join_timeout)));
-    req.set_last_call_timeout_ms(std::max<int64_t>(
-        1, absl::ToInt64Milliseconds(options.last_call_timeout)));
+    req.set_join_timeout_ms(ToMillis(options.join_timeout));
+    req.set_last_call_timeout_ms(ToMillis(options.last_call_timeout));
     v1::JoinResponse resp;
     // A retried join replaces the node's earlier one, so it is safe to
     // repeat while cohortd restarts.

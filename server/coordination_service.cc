@@ -5,16 +5,6 @@
 #include "server/reactors.h"
 
 namespace cohort::server {
-namespace {
-
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx,
-                                 const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
-}  // namespace
 
 grpc::ServerUnaryReactor* RendezvousService::Join(
     grpc::CallbackServerContext*, const v1::JoinRequest* req,
@@ -39,13 +29,13 @@ grpc::ServerUnaryReactor* RendezvousService::GetRunState(
     v1::RunState* resp) {
   absl::StatusOr<v1::RunState> state = rendezvous_->GetRunState(req->run_id());
   if (state.ok()) *resp = std::move(*state);
-  return Finish(ctx, state.status());
+  return FinishNow(ctx, state.status());
 }
 
 grpc::ServerUnaryReactor* RendezvousService::CloseRun(
     grpc::CallbackServerContext* ctx, const v1::CloseRunRequest* req,
     v1::CloseRunResponse*) {
-  return Finish(ctx, rendezvous_->CloseRun(req->run_id()));
+  return FinishNow(ctx, rendezvous_->CloseRun(req->run_id()));
 }
 
 grpc::ServerUnaryReactor* MembershipService::JoinGroup(
@@ -53,25 +43,25 @@ grpc::ServerUnaryReactor* MembershipService::JoinGroup(
     v1::JoinGroupResponse* resp) {
   absl::StatusOr<v1::JoinGroupResponse> r = membership_->Join(*req);
   if (r.ok()) *resp = std::move(*r);
-  return Finish(ctx, r.status());
+  return FinishNow(ctx, r.status());
 }
 
 grpc::ServerUnaryReactor* MembershipService::Heartbeat(
     grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
     v1::HeartbeatResponse*) {
-  return Finish(ctx, membership_->Heartbeat(*req));
+  return FinishNow(ctx, membership_->Heartbeat(*req));
 }
 
 grpc::ServerUnaryReactor* MembershipService::LeaveGroup(
     grpc::CallbackServerContext* ctx, const v1::LeaveGroupRequest* req,
     v1::LeaveGroupResponse*) {
-  return Finish(ctx, membership_->Leave(*req));
+  return FinishNow(ctx, membership_->Leave(*req));
 }
 
 grpc::ServerUnaryReactor* MembershipService::ReportError(
     grpc::CallbackServerContext* ctx, const v1::ReportErrorRequest* req,
     v1::ReportErrorResponse*) {
-  return Finish(ctx, membership_->ReportError(*req));
+  return FinishNow(ctx, membership_->ReportError(*req));
 }
 
 grpc::ServerUnaryReactor* MembershipService::ListMembers(
@@ -79,7 +69,7 @@ grpc::ServerUnaryReactor* MembershipService::ListMembers(
     v1::ListMembersResponse* resp) {
   absl::StatusOr<v1::ListMembersResponse> r = membership_->List(*req);
   if (r.ok()) *resp = std::move(*r);
-  return Finish(ctx, r.status());
+  return FinishNow(ctx, r.status());
 }
 
 grpc::ServerWriteReactor<v1::WatchMembersResponse>*

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "grpcpp/server_context.h"
 #include "grpcpp/support/server_callback.h"
 #include "store/kv_store.h"
 
@@ -23,6 +24,14 @@ namespace cohort::server {
 
 // absl::Status and grpc::Status share their codes.
 grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// Finishes a unary call at once with `status` (the non-blocking RPCs).
+inline grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* ctx,
+                                           const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
 
 // A unary call finished later, by whichever comes first: a completion
 // (Handle::Claim, then fill the response, then Handle::Finish) or the client

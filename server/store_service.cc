@@ -12,13 +12,6 @@ namespace {
 using store::KvStore;
 using store::ReadResult;
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx,
-                                 const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
 absl::StatusOr<absl::Duration> RequestTimeout(int64_t timeout_ms) {
   if (timeout_ms < 0) {
     return absl::InvalidArgumentError(
@@ -75,14 +68,14 @@ grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* ctx,
                                             v1::SetResponse* resp) {
   absl::StatusOr<int64_t> r = store_->Set(req->key(), req->value());
   if (r.ok()) resp->set_revision(*r);
-  return Finish(ctx, r.status());
+  return FinishNow(ctx, r.status());
 }
 
 grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx,
                                             const v1::GetRequest* req,
                                             v1::GetResponse* resp) {
   absl::StatusOr<absl::Duration> timeout = RequestTimeout(req->timeout_ms());
-  if (!timeout.ok()) return Finish(ctx, timeout.status());
+  if (!timeout.ok()) return FinishNow(ctx, timeout.status());
   return WaitFor(store_, {req->key()}, /*read_values=*/true, *timeout,
                  [resp](ReadResult& r) {
                    resp->set_value(std::move(r.values[0]));
@@ -98,7 +91,7 @@ grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* ctx,
     resp->set_value(r->value);
     resp->set_revision(r->revision);
   }
-  return Finish(ctx, r.status());
+  return FinishNow(ctx, r.status());
 }
 
 grpc::ServerUnaryReactor* StoreService::CompareSet(
@@ -111,14 +104,14 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(
     resp->set_swapped(r->swapped);
     resp->set_revision(r->revision);
   }
-  return Finish(ctx, r.status());
+  return FinishNow(ctx, r.status());
 }
 
 grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* ctx,
                                              const v1::WaitRequest* req,
                                              v1::WaitResponse* resp) {
   absl::StatusOr<absl::Duration> timeout = RequestTimeout(req->timeout_ms());
-  if (!timeout.ok()) return Finish(ctx, timeout.status());
+  if (!timeout.ok()) return FinishNow(ctx, timeout.status());
   return WaitFor(store_, ToVector(req->keys()), /*read_values=*/false,
                  *timeout,
                  [resp](ReadResult& r) { resp->set_revision(r.revision); });
@@ -132,7 +125,7 @@ grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* ctx,
     resp->set_all_exist(r->all_exist);
     resp->set_revision(r->revision);
   }
-  return Finish(ctx, r.status());
+  return FinishNow(ctx, r.status());
 }
 
 grpc::ServerUnaryReactor* StoreService::Delete(grpc::CallbackServerContext* ctx,
@@ -143,7 +136,7 @@ grpc::ServerUnaryReactor* StoreService::Delete(grpc::CallbackServerContext* ctx,
     resp->set_deleted(r->deleted);
     resp->set_revision(r->revision);
   }
-  return Finish(ctx, r.status());
+  return FinishNow(ctx, r.status());
 }
 
 grpc::ServerUnaryReactor* StoreService::NumKeys(
@@ -154,14 +147,14 @@ grpc::ServerUnaryReactor* StoreService::NumKeys(
     resp->set_num_keys(r->num_keys);
     resp->set_revision(r->revision);
   }
-  return Finish(ctx, r.status());
+  return FinishNow(ctx, r.status());
 }
 
 grpc::ServerUnaryReactor* StoreService::MultiGet(
     grpc::CallbackServerContext* ctx, const v1::MultiGetRequest* req,
     v1::MultiGetResponse* resp) {
   absl::StatusOr<absl::Duration> timeout = RequestTimeout(req->timeout_ms());
-  if (!timeout.ok()) return Finish(ctx, timeout.status());
+  if (!timeout.ok()) return FinishNow(ctx, timeout.status());
   return WaitFor(store_, ToVector(req->keys()), /*read_values=*/true, *timeout,
                  [resp](ReadResult& r) {
                    for (std::string& v : r.values) {
@@ -177,7 +170,7 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(
   absl::StatusOr<int64_t> r = store_->MultiSet(ToVector(req->keys()),
                                                ToVector(req->values()));
   if (r.ok()) resp->set_revision(*r);
-  return Finish(ctx, r.status());
+  return FinishNow(ctx, r.status());
 }
 
 grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* ctx,
@@ -185,14 +178,14 @@ grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* ctx,
                                                v1::AppendResponse* resp) {
   absl::StatusOr<int64_t> r = store_->Append(req->key(), req->value());
   if (r.ok()) resp->set_revision(*r);
-  return Finish(ctx, r.status());
+  return FinishNow(ctx, r.status());
 }
 
 grpc::ServerUnaryReactor* StoreService::ListKeys(
     grpc::CallbackServerContext* ctx, const v1::ListKeysRequest* req,
     v1::ListKeysResponse* resp) {
   if (req->page_size() < 0) {
-    return Finish(ctx, absl::InvalidArgumentError(absl::StrCat(
+    return FinishNow(ctx, absl::InvalidArgumentError(absl::StrCat(
                            "page_size must be >= 0, got ", req->page_size())));
   }
   absl::StatusOr<store::ListResult> r =
@@ -202,7 +195,7 @@ grpc::ServerUnaryReactor* StoreService::ListKeys(
     resp->set_next_page_token(std::move(r->next_page_token));
     resp->set_revision(r->revision);
   }
-  return Finish(ctx, r.status());
+  return FinishNow(ctx, r.status());
 }
 
 grpc::ServerWriteReactor<v1::WatchResponse>* StoreService::Watch(
