@@ -11,6 +11,7 @@ packages=(
   libabsl-dev
   libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libeigen3-dev
 )
 # Only needed to run the PyTorch baselines in ../shared/bench side by side.
 if [[ "${COHORT_WITH_TORCH:-0}" == 1 ]]; then

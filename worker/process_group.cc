@@ -40,4 +40,11 @@ void Work::Complete(absl::Status status) {
   status_ = std::move(status);
 }
 
+uint64_t WireBytes(Traffic kind, uint64_t bytes, int size) {
+  if (size <= 1) return 0;
+  const uint64_t share =
+      bytes * static_cast<uint64_t>(size - 1) / static_cast<uint64_t>(size);
+  return kind == Traffic::kAllReduce ? 2 * share : share;
+}
+
 }  // namespace cohort

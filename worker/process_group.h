@@ -186,6 +186,17 @@ class ProcessGroup {
                                      uint32_t tag) = 0;
 };
 
+// The collectives whose traffic DDP and FSDP account.
+enum class Traffic { kAllReduce, kAllGather, kReduceScatter, kBroadcast };
+
+// The bytes each rank sends, on average, to run `kind` over `bytes` of data
+// in a group of `size` ranks with a bandwidth-optimal (ring) algorithm: 2(n-1)/n x
+// bytes for all_reduce, (n-1)/n x bytes for all_gather (bytes: the gathered
+// output), reduce_scatter (bytes: the full input) and broadcast. 0 for one
+// rank. DDP and FSDP report their traffic on this one scale, so that their
+// figures compare (FSDP moves 1.5x DDP's bytes per step).
+uint64_t WireBytes(Traffic kind, uint64_t bytes, int size);
+
 }  // namespace cohort
 
 #endif  // COHORT_WORKER_PROCESS_GROUP_H_
