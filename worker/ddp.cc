@@ -175,25 +175,25 @@ struct Reducer::State {
   absl::Status failure;  // The first failed reduction; sticky.
   uint64_t bytes_communicated = 0;
 
-  // Packs `order` into buckets (first bucket, then the cap; never splitting
-  // a parameter) and allocates zeroed storage.
+  // Packs `order` into buckets, closing each as soon as it holds at least
+  // its limit (first bucket, then the cap; torch's rule, which never splits
+  // a parameter), and allocates zeroed storage.
   void BuildLayout(const std::vector<int>& order) {
     buckets.clear();
     Bucket current;
     size_t current_bytes = 0;
     size_t limit = options.first_bucket_bytes;
     for (int p : order) {
-      const size_t bytes = param_sizes[p] * sizeof(float);
-      if (!current.params.empty() && current_bytes + bytes > limit) {
+      current.params.push_back(p);
+      current.offsets.push_back(current.elements);
+      current.elements += param_sizes[p];
+      current_bytes += param_sizes[p] * sizeof(float);
+      if (current_bytes >= limit) {
         buckets.push_back(std::move(current));
         current = Bucket();
         current_bytes = 0;
         limit = options.bucket_cap_bytes;
       }
-      current.params.push_back(p);
-      current.offsets.push_back(current.elements);
-      current.elements += param_sizes[p];
-      current_bytes += bytes;
     }
     if (!current.params.empty()) buckets.push_back(std::move(current));
 

@@ -19,9 +19,11 @@
 //
 // Buckets. Gradients live in flat per-bucket buffers (grad(i) is a view, no
 // copies): the parameters are packed in reverse order (backward produces
-// the last layers' gradients first), the first bucket up to
-// first_bucket_bytes, the rest up to bucket_cap_bytes; a parameter larger
-// than the cap gets a bucket of its own. A bucket's all_reduce (AVG)
+// the last layers' gradients first), and a bucket is closed as soon as it
+// holds at least first_bucket_bytes (the first) or bucket_cap_bytes (the
+// others), as torch does: parameters are never split, so a bucket exceeds
+// its limit by less than its last parameter. A small first bucket starts
+// communication early in backward. A bucket's all_reduce (AVG)
 // starts as soon as all of its gradients are ready and all earlier buckets
 // have started, so communication overlaps the rest of backward; every rank
 // starts the buckets in the same order.

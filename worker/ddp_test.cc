@@ -121,11 +121,12 @@ absl::Status Check(bool ok, const std::string& what) {
 constexpr size_t kMiB = size_t{1} << 20;
 
 TEST(ReducerTest, InitialLayoutIsReverseOrderWithFirstBucketAndCap) {
-  // Bytes: p6 0.2 MB + p5 0.6 MB fit the 1 MiB first bucket; p4 (2.4 MB)
-  // exceeds the 2 MiB cap and sits alone; p3 + p2 = 1.4 MB, adding p1 would
-  // make 2.2 MB > 2 MiB; p1 + p0 = 1.2 MB.
+  // Bytes: p6 + p5 = 1.2 MB reach the 1 MiB first bucket's limit and close
+  // it; p4 (2.4 MB) reaches the 2 MiB cap alone; p3 + p2 = 1.4 MB is short
+  // of it, so p1 joins and closes the bucket at 2.2 MB (a parameter is never
+  // split); p0 is left for the last bucket.
   const std::vector<size_t> sizes = {100000, 200000, 50000, 300000,
-                                     600000, 150000, 50000};
+                                     600000, 150000, 150000};
   ReducerOptions options;
   options.first_bucket_bytes = 1 * kMiB;
   options.bucket_cap_bytes = 2 * kMiB;
@@ -134,10 +135,10 @@ TEST(ReducerTest, InitialLayoutIsReverseOrderWithFirstBucketAndCap) {
 
   const std::vector<Reducer::Bucket>& buckets = reducer->buckets();
   ASSERT_EQ(buckets.size(), 4u);
-  const std::vector<std::vector<int>> params = {{6, 5}, {4}, {3, 2}, {1, 0}};
+  const std::vector<std::vector<int>> params = {{6, 5}, {4}, {3, 2, 1}, {0}};
   const std::vector<std::vector<size_t>> offsets = {
-      {0, 50000}, {0}, {0, 300000}, {0, 200000}};
-  const std::vector<size_t> elements = {200000, 600000, 350000, 300000};
+      {0, 150000}, {0}, {0, 300000, 350000}, {0}};
+  const std::vector<size_t> elements = {300000, 600000, 550000, 100000};
   for (size_t b = 0; b < buckets.size(); ++b) {
     EXPECT_EQ(buckets[b].params, params[b]) << "bucket " << b;
     EXPECT_EQ(buckets[b].offsets, offsets[b]) << "bucket " << b;
@@ -345,7 +346,7 @@ void AverageAcrossRanks(int world, bool overlap) {
     int marks = 0;
     auto hook = std::make_shared<RecordingHook>(&marks);
     ReducerOptions options;
-    options.first_bucket_bytes = 64;  // Params 5 and 4 (16 + 40 bytes).
+    options.first_bucket_bytes = 56;  // Closed by params 5 and 4 (16 + 40).
     options.bucket_cap_bytes = 256;
     options.overlap = overlap;
     options.hook = hook;
