@@ -11,7 +11,7 @@ packages=(
   libabsl-dev
   libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libeigen3-dev
+  libeigen3-dev libopenblas-dev
 )
 # Only needed to run the PyTorch baselines in ../shared/bench side by side.
 if [[ "${COHORT_WITH_TORCH:-0}" == 1 ]]; then
