@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Step time of the demo model (train's defaults) at world 2: two worker
+# processes under cohortrun against one cohortd, in these modes:
+#   compute_only   each rank's forward/backward/optimizer on its half of the
+#                  batch, no communication: the floor DDP could reach
+#   ddp            buckets all_reduced while backward goes on (the default)
+#   ddp_no_overlap every bucket all_reduced after backward (--overlap=false)
+#   fsdp           FULL_SHARD; fsdp_grad_op: SHARD_GRAD_OP
+# Rounds alternate the modes so that drift on a shared VM hits all alike;
+# the table shows each mode's median and the hidden share of communication.
+#   bazel run //bench:train_bench -- [train flags, e.g. --bucket_cap_mb=0.5]
+#   ROUNDS=5 STEPS=100 bazel run //bench:train_bench
+set -euo pipefail
+
+ROUNDS=${ROUNDS:-5}
+STEPS=${STEPS:-100}
+TMP=$(mktemp -d)
+trap 'kill $CPID 2>/dev/null; rm -rf "$TMP"' EXIT
+
+server/cohortd --listen=127.0.0.1:0 --engine=memory 2>"$TMP/cohortd.log" &
+CPID=$!
+for _ in $(seq 300); do
+  ADDR=$(sed -n 's/.*serving cohort.v1.Store on \([^;]*\);.*/\1/p' "$TMP/cohortd.log")
+  [[ -n $ADDR ]] && break
+  sleep 0.05
+done
+
+modes=(compute_only ddp ddp_no_overlap fsdp fsdp_grad_op)
+run=0
+for round in $(seq "$ROUNDS"); do
+  for m in "${modes[@]}"; do
+    args=(--mode="$m")
+    [[ $m == ddp_no_overlap ]] && args=(--mode=ddp --overlap=false)
+    run=$((run + 1))
+    worker/cohortrun --coordinator="$ADDR" --run-id="bench-$run" --nnodes=1:1 \
+      --nproc-per-node=2 -- worker/examples/train "${args[@]}" --steps="$STEPS" \
+      --log_every=1000000 "$@" >"$TMP/out" 2>"$TMP/err" ||
+      { echo "$m failed:"; cat "$TMP/err"; exit 1; }
+    line=$(grep param_checksum "$TMP/out")
+    sps=$(sed -n 's/.*steps_per_s=\([0-9.]*\).*/\1/p' <<<"$line")
+    echo "$m $(awk -v s="$sps" 'BEGIN { printf "%.3f", 1000 / s }')" >>"$TMP/times"
+    echo "$line" >"$TMP/last.$m"
+    echo "round $round $m: $(awk -v s="$sps" 'BEGIN { printf "%.2f ms/step", 1000 / s }')"
+  done
+done
+
+median() { grep "^$1 " "$TMP/times" | awk '{print $2}' | sort -g |
+  awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+echo
+printf "%-15s %10s %12s %10s %10s %10s\n" mode "ms/step" "comm/rank" params grads peak
+for m in "${modes[@]}"; do
+  line=$(cat "$TMP/last.$m")
+  field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$line"; }
+  comm=$(sed -n 's/.*comm_bytes_per_rank=[0-9]* (\([^)]*\)).*/\1/p' <<<"$line")
+  printf "%-15s %10s %12s %10s %10s %10s\n" "$m" "$(median "$m")" "$comm" \
+    "$(field params)" "$(field grads)" "$(field peak)"
+done
+c=$(median compute_only); d=$(median ddp); n=$(median ddp_no_overlap)
+awk -v c="$c" -v d="$d" -v n="$n" 'BEGIN {
+  printf "\nDDP / compute-only: %.2fx; communication exposed without overlap: %.2f ms/step, with overlap: %.2f ms/step (%.0f%% hidden)\n",
+    d / c, n - c, d - c, (n > c) ? 100 * (n - d) / (n - c) : 0 }'
+f=$(median fsdp); g=$(median fsdp_grad_op)
+awk -v d="$d" -v f="$f" -v g="$g" 'BEGIN {
+  printf "FSDP FULL_SHARD / DDP step time: %.2fx; SHARD_GRAD_OP / DDP: %.2fx\n", f / d, g / d }'
