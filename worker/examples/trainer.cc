@@ -187,19 +187,79 @@ void Finalize(std::vector<std::vector<float>> params, TrainReport& report) {
   for (float v : report.params) report.checksum += v;
 }
 
+// What every mode starts from: the model, this rank's share of the data,
+// the optimizer.
+struct Job {
+  Job(const TrainConfig& c, int world, int rank)
+      : config(c),
+        mlp(c.dims),
+        data(MakeTeacherDataset(c.samples, c.teacher_dims, c.seed)),
+        batches(data, world, rank, c.seed, c.global_batch),
+        micro(c.global_batch / world / c.grad_accum) {}
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  absl::Status Init() {
+    absl::StatusOr<std::unique_ptr<Optimizer>> made = MakeOptimizer(config);
+    if (!made.ok()) return made.status();
+    optimizer = std::move(*made);
+    return absl::OkStatus();
+  }
+
+  // Takes the next micro-batch and runs it forward, layer l with the
+  // parameters `params(l)` returns once `before(l)` succeeded (FSDP
+  // gathers there) and then `after(l)`. Returns the micro-batch's loss
+  // divided by the number of micro-batches, the backward seeded to match.
+  absl::StatusOr<float> Forward(
+      const std::function<Mlp::LayerParams(int)>& params,
+      const std::function<absl::Status(int)>& before = nullptr,
+      const std::function<absl::Status(int)>& after = nullptr) {
+    auto [x, y] = batches.Next(micro);
+    mlp.Begin(x);
+    for (int l = 0; l < mlp.num_layers(); ++l) {
+      if (before) {
+        if (absl::Status s = before(l); !s.ok()) return s;
+      }
+      mlp.Forward(l, params(l));
+      if (after) {
+        if (absl::Status s = after(l); !s.ok()) return s;
+      }
+    }
+    return mlp.Loss(y, 1.0f / config.grad_accum) / config.grad_accum;
+  }
+
+  // Fills the report of a mode that keeps whole replicas.
+  void ReportReplica(std::vector<std::vector<float>> params, size_t grad_bytes,
+                     TrainReport& report) const {
+    report.param_bytes = TotalBytes(params);
+    report.grad_bytes = grad_bytes;
+    report.optimizer_bytes = optimizer->state_bytes();
+    report.peak_bytes =
+        report.param_bytes + report.grad_bytes + report.optimizer_bytes;
+    Finalize(std::move(params), report);
+  }
+
+  const TrainConfig& config;
+  Mlp mlp;
+  const Dataset data;  // Before batches, which refers to it.
+  Batches batches;
+  const size_t micro;  // Samples per micro-batch on this rank.
+  std::unique_ptr<Optimizer> optimizer;
+};
+
+Mlp::LayerParams LayerOf(const std::vector<std::vector<float>>& params,
+                         int l) {
+  return {params[2 * l].data(), params[2 * l + 1].data()};
+}
+
 // local and compute_only: plain loops, no group.
 absl::StatusOr<TrainReport> TrainAlone(const TrainConfig& c, int world,
                                        int rank, Loop& loop) {
-  Mlp mlp(c.dims);
-  const Dataset data = MakeTeacherDataset(c.samples, c.teacher_dims, c.seed);
-  Batches batches(data, world, rank, c.seed, c.global_batch);
-  std::vector<std::vector<float>> params = mlp.Init(c.seed);
+  Job job(c, world, rank);
+  if (absl::Status s = job.Init(); !s.ok()) return s;
+  std::vector<std::vector<float>> params = job.mlp.Init(c.seed);
   std::vector<std::vector<float>> grads;
   for (const auto& p : params) grads.emplace_back(p.size());
-  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = MakeOptimizer(c);
-  if (!optimizer.ok()) return optimizer.status();
-  const size_t micro = c.global_batch / world / c.grad_accum;
-  const int layers = mlp.num_layers();
 
   TrainReport report;
   absl::Status status = loop.Run(
@@ -207,43 +267,34 @@ absl::StatusOr<TrainReport> TrainAlone(const TrainConfig& c, int world,
         for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
         float loss = 0;
         for (int m = 0; m < c.grad_accum; ++m) {
-          auto [x, y] = batches.Next(micro);
-          mlp.Begin(x);
-          for (int l = 0; l < layers; ++l) {
-            mlp.Forward(l, {params[2 * l].data(), params[2 * l + 1].data()});
-          }
-          loss += mlp.Loss(y, 1.0f / c.grad_accum) / c.grad_accum;
-          for (int l = layers - 1; l >= 0; --l) {
-            mlp.Backward(l, {params[2 * l].data(), params[2 * l + 1].data()},
-                         {grads[2 * l].data(), grads[2 * l + 1].data()});
+          absl::StatusOr<float> micro_loss =
+              job.Forward([&](int l) { return LayerOf(params, l); });
+          if (!micro_loss.ok()) return micro_loss.status();
+          loss += *micro_loss;
+          for (int l = job.mlp.num_layers() - 1; l >= 0; --l) {
+            job.mlp.Backward(l, LayerOf(params, l),
+                             {grads[2 * l].data(), grads[2 * l + 1].data()});
           }
         }
         for (size_t i = 0; i < params.size(); ++i) {
-          absl::Status stepped =
-              (*optimizer)->Step(static_cast<int>(i), absl::MakeSpan(params[i]),
-                                 grads[i]);
+          absl::Status stepped = job.optimizer->Step(
+              static_cast<int>(i), absl::MakeSpan(params[i]), grads[i]);
           if (!stepped.ok()) return stepped;
         }
         return loss;
       },
       report);
   if (!status.ok()) return status;
-  report.param_bytes = TotalBytes(params);
-  report.grad_bytes = TotalBytes(grads);
-  report.optimizer_bytes = (*optimizer)->state_bytes();
-  report.peak_bytes =
-      report.param_bytes + report.grad_bytes + report.optimizer_bytes;
-  Finalize(std::move(params), report);
+  job.ReportReplica(std::move(params), TotalBytes(grads), report);
   return report;
 }
 
 absl::StatusOr<TrainReport> TrainDdp(const TrainConfig& c,
                                      std::shared_ptr<ProcessGroup> group,
                                      Loop& loop) {
-  Mlp mlp(c.dims);
-  const Dataset data = MakeTeacherDataset(c.samples, c.teacher_dims, c.seed);
-  Batches batches(data, group->size(), group->rank(), c.seed, c.global_batch);
-  std::vector<std::vector<float>> params = mlp.Init(c.seed);
+  Job job(c, group->size(), group->rank());
+  if (absl::Status s = job.Init(); !s.ok()) return s;
+  std::vector<std::vector<float>> params = job.mlp.Init(c.seed);
   std::vector<BufferView> views;
   for (auto& p : params) views.push_back(BufferView::Of(p.data(), p.size()));
   if (absl::Status s = BroadcastFromRank0(*group, views); !s.ok()) return s;
@@ -256,13 +307,9 @@ absl::StatusOr<TrainReport> TrainDdp(const TrainConfig& c,
   options.overlap = c.overlap;
   options.hook = *hook;
   absl::StatusOr<std::unique_ptr<Reducer>> reducer =
-      Reducer::Create(group, mlp.ParamSizes(), options);
+      Reducer::Create(group, job.mlp.ParamSizes(), options);
   if (!reducer.ok()) return reducer.status();
   Reducer& r = **reducer;
-  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = MakeOptimizer(c);
-  if (!optimizer.ok()) return optimizer.status();
-  const size_t micro = c.global_batch / group->size() / c.grad_accum;
-  const int layers = mlp.num_layers();
 
   TrainReport report;
   absl::Status status = loop.Run(
@@ -272,26 +319,24 @@ absl::StatusOr<TrainReport> TrainDdp(const TrainConfig& c,
         for (int m = 0; m < c.grad_accum; ++m) {
           std::optional<Reducer::NoSyncScope> no_sync;
           if (m + 1 < c.grad_accum) no_sync.emplace(r);
-          auto [x, y] = batches.Next(micro);
-          mlp.Begin(x);
-          for (int l = 0; l < layers; ++l) {
-            mlp.Forward(l, {params[2 * l].data(), params[2 * l + 1].data()});
-          }
-          loss += mlp.Loss(y, 1.0f / c.grad_accum) / c.grad_accum;
+          absl::StatusOr<float> micro_loss =
+              job.Forward([&](int l) { return LayerOf(params, l); });
+          if (!micro_loss.ok()) return micro_loss.status();
+          loss += *micro_loss;
           // Backward produces each layer's gradients last layer first, and
           // hands each to the reducer as soon as it is final, so the
           // buckets of later layers are on the wire while earlier layers
           // still compute.
-          for (int l = layers - 1; l >= 0; --l) {
-            mlp.Backward(l, {params[2 * l].data(), params[2 * l + 1].data()},
-                         {r.grad(2 * l).data(), r.grad(2 * l + 1).data()});
+          for (int l = job.mlp.num_layers() - 1; l >= 0; --l) {
+            job.mlp.Backward(l, LayerOf(params, l),
+                             {r.grad(2 * l).data(), r.grad(2 * l + 1).data()});
             if (absl::Status s = r.MarkReady(2 * l + 1); !s.ok()) return s;
             if (absl::Status s = r.MarkReady(2 * l); !s.ok()) return s;
           }
           if (absl::Status s = r.Finish(); !s.ok()) return s;
         }
         for (size_t i = 0; i < params.size(); ++i) {
-          absl::Status stepped = (*optimizer)->Step(
+          absl::Status stepped = job.optimizer->Step(
               static_cast<int>(i), absl::MakeSpan(params[i]),
               r.grad(static_cast<int>(i)));
           if (!stepped.ok()) return stepped;
@@ -301,25 +346,19 @@ absl::StatusOr<TrainReport> TrainDdp(const TrainConfig& c,
       report);
   if (!status.ok()) return status;
   report.comm_bytes = r.bytes_communicated();
-  report.param_bytes = TotalBytes(params);
-  report.grad_bytes = r.grad_bytes();
-  report.optimizer_bytes = (*optimizer)->state_bytes();
-  report.peak_bytes =
-      report.param_bytes + report.grad_bytes + report.optimizer_bytes;
-  Finalize(std::move(params), report);
+  job.ReportReplica(std::move(params), r.grad_bytes(), report);
   return report;
 }
 
 absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
                                       std::shared_ptr<ProcessGroup> group,
                                       Loop& loop) {
-  Mlp mlp(c.dims);
-  const Dataset data = MakeTeacherDataset(c.samples, c.teacher_dims, c.seed);
-  Batches batches(data, group->size(), group->rank(), c.seed, c.global_batch);
-  const int layers = mlp.num_layers();
+  Job job(c, group->size(), group->rank());
+  if (absl::Status s = job.Init(); !s.ok()) return s;
+  const int layers = job.mlp.num_layers();
   std::vector<std::vector<size_t>> units;
   for (int l = 0; l < layers; ++l) {
-    units.push_back({mlp.weight_size(l), mlp.bias_size(l)});
+    units.push_back({job.mlp.weight_size(l), job.mlp.bias_size(l)});
   }
   FsdpOptions options;
   options.strategy = StrategyOf(c.mode);
@@ -331,16 +370,13 @@ absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
   {
     // Every rank builds the initial values (from the seed), but only rank
     // 0's count: they are broadcast, then each rank keeps its shard.
-    const std::vector<std::vector<float>> initial = mlp.Init(c.seed);
+    const std::vector<std::vector<float>> initial = job.mlp.Init(c.seed);
     std::vector<std::vector<absl::Span<const float>>> values(layers);
     for (int l = 0; l < layers; ++l) {
       values[l] = {initial[2 * l], initial[2 * l + 1]};
     }
     if (absl::Status s = fsdp.LoadFromRank0(values); !s.ok()) return s;
   }
-  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = MakeOptimizer(c);
-  if (!optimizer.ok()) return optimizer.status();
-  const size_t micro = c.global_batch / group->size() / c.grad_accum;
 
   auto params_of = [&](int l) -> Mlp::LayerParams {
     return {fsdp.param(l, 0).data(), fsdp.param(l, 1).data()};
@@ -351,23 +387,20 @@ absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
         fsdp.ZeroGrad();
         float loss = 0;
         for (int m = 0; m < c.grad_accum; ++m) {
-          auto [x, y] = batches.Next(micro);
-          mlp.Begin(x);
-          for (int l = 0; l < layers; ++l) {
-            if (absl::Status s = fsdp.BeginForward(l); !s.ok()) return s;
-            mlp.Forward(l, params_of(l));
-            if (absl::Status s = fsdp.EndForward(l); !s.ok()) return s;
-          }
-          loss += mlp.Loss(y, 1.0f / c.grad_accum) / c.grad_accum;
+          absl::StatusOr<float> micro_loss = job.Forward(
+              params_of, [&](int l) { return fsdp.BeginForward(l); },
+              [&](int l) { return fsdp.EndForward(l); });
+          if (!micro_loss.ok()) return micro_loss.status();
+          loss += *micro_loss;
           for (int l = layers - 1; l >= 0; --l) {
             if (absl::Status s = fsdp.BeginBackward(l); !s.ok()) return s;
-            mlp.Backward(l, params_of(l),
-                         {fsdp.grad(l, 0).data(), fsdp.grad(l, 1).data()});
+            job.mlp.Backward(l, params_of(l),
+                             {fsdp.grad(l, 0).data(), fsdp.grad(l, 1).data()});
             if (absl::Status s = fsdp.EndBackward(l); !s.ok()) return s;
           }
           if (absl::Status s = fsdp.FinishBackward(); !s.ok()) return s;
         }
-        if (absl::Status s = fsdp.Step(**optimizer); !s.ok()) return s;
+        if (absl::Status s = fsdp.Step(*job.optimizer); !s.ok()) return s;
         return loss;
       },
       report);
@@ -382,7 +415,7 @@ absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
   for (int l = 0; l < layers; ++l) {
     absl::StatusOr<std::vector<float>> full = fsdp.GatherFullParams(l);
     if (!full.ok()) return full.status();
-    const size_t w = mlp.weight_size(l);
+    const size_t w = job.mlp.weight_size(l);
     params.emplace_back(full->begin(), full->begin() + w);
     params.emplace_back(full->begin() + w, full->end());
   }
