@@ -380,6 +380,11 @@ absl::StatusOr<std::unique_ptr<Reducer>> Reducer::Create(
   for (size_t k = 0; k < order.size(); ++k) {
     order[k] = static_cast<int>(order.size() - 1 - k);
   }
+  if (absl::Status same = VerifySameSizes(*state->group, state->param_sizes,
+                                         "Reducer::Create");
+      !same.ok()) {
+    return same;
+  }
   state->BuildLayout(order);
   return std::unique_ptr<Reducer>(new Reducer(std::move(state)));
 }

@@ -104,8 +104,10 @@ class Reducer {
     size_t elements = 0;
   };
 
-  // `param_sizes[i]` is parameter i's element count (f32 gradients).
-  // INVALID_ARGUMENT for no parameters, a zero size, or zero bucket sizes.
+  // `param_sizes[i]` is parameter i's element count (f32 gradients). A
+  // collective: every rank calls it, and the ranks check that they all
+  // passed the same sizes (VerifySameSizes). INVALID_ARGUMENT for no
+  // parameters, a zero size, zero bucket sizes, or ranks that disagree.
   static absl::StatusOr<std::unique_ptr<Reducer>> Create(
       std::shared_ptr<ProcessGroup> group, std::vector<size_t> param_sizes,
       const ReducerOptions& options = {});

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
@@ -628,6 +629,26 @@ TEST(ReducerRanksTest, Fp16CompressionStaysWithinBound) {
 
 TEST(ReducerRanksTest, Bf16CompressionStaysWithinBound) {
   CheckCompressedAverage(2, /*bf16=*/true);
+}
+
+// Ranks that wrap different models fail at Create, on every rank, naming
+// the rank that differs, instead of reducing mismatched buckets.
+TEST(ReducerRanksTest, CreateRejectsRanksWithDifferentModels) {
+  RunRanks(3, [](std::shared_ptr<ProcessGroup> group) -> absl::Status {
+    std::vector<size_t> sizes = {10, 20, 30};
+    if (group->rank() == 2) sizes = {10, 30, 20};  // Same sizes, reordered.
+    absl::StatusOr<std::unique_ptr<Reducer>> reducer =
+        Reducer::Create(group, sizes);
+    RETURN_IF_ERROR(Check(
+        reducer.status().code() == absl::StatusCode::kInvalidArgument,
+        absl::StrCat("want INVALID_ARGUMENT, got ", reducer.status().ToString())));
+    RETURN_IF_ERROR(Check(
+        absl::StrContains(reducer.status().message(), "rank 2's parameter sizes") &&
+            absl::StrContains(reducer.status().message(), "another order"),
+        reducer.status().ToString()));
+    // The same model everywhere still works afterwards.
+    return Reducer::Create(group, {10, 20, 30}).status();
+  });
 }
 
 TEST(BroadcastFromRank0Test, MixedDtypesInSeveralChunks) {

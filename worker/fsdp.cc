@@ -320,6 +320,17 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(
     unit.param_shard.assign(unit.shard, 0.0f);
     unit.grad_shard.assign(unit.shard, 0.0f);
   }
+  // Every rank must shard the same units: a unit's count, then its sizes.
+  std::vector<size_t> layout;
+  for (const State::Unit& unit : state->units) {
+    layout.push_back(unit.counts.size());
+    layout.insert(layout.end(), unit.counts.begin(), unit.counts.end());
+  }
+  if (absl::Status same =
+          VerifySameSizes(*state->group, layout, "Fsdp::Create");
+      !same.ok()) {
+    return same;
+  }
   state->UpdatePeak();
   return std::unique_ptr<Fsdp>(new Fsdp(std::move(state)));
 }

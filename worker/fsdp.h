@@ -82,8 +82,10 @@ struct FsdpMemory {
 
 class Fsdp {
  public:
-  // `units[u]` lists the element counts of unit u's parameters (f32).
-  // INVALID_ARGUMENT for no units, an empty unit or a zero count.
+  // `units[u]` lists the element counts of unit u's parameters (f32). A
+  // collective: every rank calls it, and the ranks check that they all
+  // passed the same units (VerifySameSizes). INVALID_ARGUMENT for no units,
+  // an empty unit, a zero count, or ranks that disagree.
   static absl::StatusOr<std::unique_ptr<Fsdp>> Create(
       std::shared_ptr<ProcessGroup> group,
       std::vector<std::vector<size_t>> units, const FsdpOptions& options = {});

@@ -580,6 +580,23 @@ void ExpectCode(const absl::Status& status, absl::StatusCode code,
       << status << " should mention " << mentions;
 }
 
+// Ranks that group their parameters into different units fail at Create on
+// every rank, naming the rank that differs.
+TEST(FsdpRanksTest, CreateRejectsRanksWithDifferentUnits) {
+  RunRanks(2, [](std::shared_ptr<ProcessGroup> group) -> absl::Status {
+    std::vector<std::vector<size_t>> units = {{6, 2}, {4}};
+    if (group->rank() == 1) units = {{6}, {2, 4}};
+    absl::Status status = Fsdp::Create(group, units).status();
+    if (status.code() != absl::StatusCode::kInvalidArgument ||
+        !absl::StrContains(status.message(), "rank 1's parameter sizes")) {
+      return absl::InternalError(
+          absl::StrCat("want INVALID_ARGUMENT naming rank 1, got ",
+                       status.ToString()));
+    }
+    return Fsdp::Create(group, {{6, 2}, {4}}).status();
+  });
+}
+
 TEST(FsdpTest, ParseShardingStrategy) {
   for (ShardingStrategy s :
        {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,

@@ -28,6 +28,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -185,6 +186,15 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> Recv(BufferView buffer, int src_rank,
                                      uint32_t tag) = 0;
 };
+
+// Checks that every rank passed the same `sizes` (DDP and FSDP pass their
+// parameters' element counts, so that ranks wrapping different models fail
+// at once instead of reducing mismatched buffers). One all_gather of the
+// count, the total and a fingerprint; call it on every rank. OK at world
+// size 1. INVALID_ARGUMENT naming `what`, the first rank that differs from
+// rank 0, and both sides' counts; the group's error if the exchange fails.
+absl::Status VerifySameSizes(ProcessGroup& group, absl::Span<const size_t> sizes,
+                             absl::string_view what);
 
 // The collectives whose traffic DDP and FSDP account.
 enum class Traffic { kAllReduce, kAllGather, kReduceScatter, kBroadcast };
