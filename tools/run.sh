@@ -14,6 +14,7 @@ for b in server/cohortd worker/cohortrun worker/examples/train; do
   [[ -x $bin/$b ]] || { echo "run.sh: $bin/$b was not built" >&2; exit 1; }
 done
 
+demo_start=$SECONDS
 data_dir=./cohort-data
 mkdir -p "$data_dir"
 log="$data_dir/cohortd.log"
@@ -81,3 +82,4 @@ fi
 stop_cohortd
 trap - EXIT
 echo "== cohortd stopped: $(tail -1 "$log")"
+echo "== demo done in $((SECONDS - demo_start)) s (after the build)"
