@@ -3,11 +3,16 @@
 // batch ends, up to float rounding. Ranks are real forked processes.
 #include "worker/examples/trainer.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "worker/testing/ranks.h"
 
@@ -151,6 +156,41 @@ TEST(TrainerTest, CompressionHooksStayNearTheExactResult) {
     const std::vector<float> got = TrainOnRanks(config, 2);
     ExpectClose(got, reference, hook, 0.05);
     EXPECT_NE(got, reference) << hook << " compressed nothing";
+  }
+}
+
+// A rank that dies mid-training ends its peers' training with an error
+// that says which step failed, promptly, rather than a hang.
+TEST(TrainerTest, APeerDyingEndsTrainingWithAnError) {
+  for (TrainMode mode : {TrainMode::kDdp, TrainMode::kFsdp}) {
+    RunRanks(2, [mode](std::shared_ptr<ProcessGroup> group) -> absl::Status {
+      TrainConfig config = SmallConfig(mode, "sgd");
+      config.steps = 1000;
+      config.log_every = 1;
+      const absl::Time start = absl::Now();
+      absl::StatusOr<TrainReport> report =
+          Train(config, group, [&](int step, float) {
+            if (group->rank() == 1 && step == 3) _exit(0);
+          });
+      if (group->rank() == 1) {
+        return absl::InternalError("rank 1 should have exited at step 3");
+      }
+      if (report.ok()) {
+        return absl::InternalError("rank 0 trained on without rank 1");
+      }
+      const absl::StatusCode code = report.status().code();
+      if ((code != absl::StatusCode::kUnavailable &&
+           code != absl::StatusCode::kDeadlineExceeded) ||
+          !absl::StrContains(report.status().message(), "step ")) {
+        return absl::InternalError(absl::StrCat(
+            "want UNAVAILABLE or DEADLINE_EXCEEDED naming the step, got ",
+            report.status().ToString()));
+      }
+      if (absl::Now() - start > absl::Seconds(20)) {
+        return absl::InternalError("the failure took over 20 s to surface");
+      }
+      return absl::OkStatus();
+    });
   }
 }
 
