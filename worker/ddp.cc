@@ -380,8 +380,8 @@ absl::StatusOr<std::unique_ptr<Reducer>> Reducer::Create(
   for (size_t k = 0; k < order.size(); ++k) {
     order[k] = static_cast<int>(order.size() - 1 - k);
   }
-  if (absl::Status same = VerifySameSizes(*state->group, state->param_sizes,
-                                         "Reducer::Create");
+  if (absl::Status same =
+          VerifySameSizes(*state->group, state->param_sizes, "Reducer::Create");
       !same.ok()) {
     return same;
   }

@@ -11,7 +11,8 @@
 //     reducer->ZeroGrad();
 //     for (i = last param .. first) {                  // backward
 //       WriteGradient(reducer->grad(i));
-//       reducer->MarkReady(i);                         // may start an all_reduce
+//       reducer->MarkReady(i);                         // may start an
+//       all_reduce
 //     }
 //     reducer->Finish();                               // grads now averaged
 //     optimizer->Step(...reducer->grad(i)...);
@@ -23,15 +24,16 @@
 // holds at least first_bucket_bytes (the first) or bucket_cap_bytes (the
 // others), as torch does: parameters are never split, so a bucket exceeds
 // its limit by less than its last parameter. A small first bucket starts
-// communication early in backward. A bucket's all_reduce (AVG)
-// starts as soon as all of its gradients are ready and all earlier buckets
-// have started, so communication overlaps the rest of backward; every rank
-// starts the buckets in the same order.
+// communication early in backward. A bucket's all_reduce (AVG) starts as
+// soon as all of its gradients are ready and all earlier buckets have
+// started, so communication overlaps the rest of backward; every rank starts
+// the buckets in the same order.
 //
-// Rebuild. The Finish() of the first iteration rebuilds the buckets in the
-// order the gradients actually became ready on rank 0 (rank 0 broadcasts its
-// order, so all ranks agree). Gradient values are carried over. grad(i)
-// views taken before that Finish() are invalid afterwards.
+// Rebuild. The first Finish() that completes (normally the first
+// iteration's) rebuilds the buckets in the order the gradients actually
+// became ready on rank 0 (rank 0 broadcasts its order, so all ranks agree).
+// Gradient values are carried over. grad(i) views taken before that
+// Finish() are invalid afterwards.
 //
 // no_sync. Inside a NoSyncScope, MarkReady and Finish reduce nothing:
 // gradients accumulate locally (backward adds into grad(i)). The first

@@ -639,11 +639,13 @@ TEST(ReducerRanksTest, CreateRejectsRanksWithDifferentModels) {
     if (group->rank() == 2) sizes = {10, 30, 20};  // Same sizes, reordered.
     absl::StatusOr<std::unique_ptr<Reducer>> reducer =
         Reducer::Create(group, sizes);
+    RETURN_IF_ERROR(
+        Check(reducer.status().code() == absl::StatusCode::kInvalidArgument,
+              absl::StrCat("want INVALID_ARGUMENT, got ",
+                           reducer.status().ToString())));
     RETURN_IF_ERROR(Check(
-        reducer.status().code() == absl::StatusCode::kInvalidArgument,
-        absl::StrCat("want INVALID_ARGUMENT, got ", reducer.status().ToString())));
-    RETURN_IF_ERROR(Check(
-        absl::StrContains(reducer.status().message(), "rank 2's parameter sizes") &&
+        absl::StrContains(reducer.status().message(),
+                          "rank 2's parameter sizes") &&
             absl::StrContains(reducer.status().message(), "another order"),
         reducer.status().ToString()));
     // The same model everywhere still works afterwards.

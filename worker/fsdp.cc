@@ -505,9 +505,9 @@ absl::Status Fsdp::EndBackward(int unit) {
     p.work = s.group->AllReduce(BufferView::Of(grad.data(), grad.size()),
                                 ReduceOp::kAvg);
   }
-  s.bytes_communicated += WireBytes(
-      s.sharded() ? Traffic::kReduceScatter : Traffic::kAllReduce,
-      Bytes(grad.size()), s.group->size());
+  s.bytes_communicated +=
+      WireBytes(s.sharded() ? Traffic::kReduceScatter : Traffic::kAllReduce,
+                Bytes(grad.size()), s.group->size());
   s.pending.push_back(std::move(p));
   s.UpdatePeak();
   // Both sharded strategies are done with the unit's parameters until the

@@ -73,7 +73,7 @@ struct FsdpMemory {
   size_t optimizer_bytes = 0;  // The optimizer's state, as of the last Step.
   size_t gathered_param_bytes = 0;  // Full unit parameters held right now.
   size_t gathered_grad_bytes = 0;   // Full unit gradients held right now.
-  size_t peak_bytes = 0;  // Highest sum of all of the above so far.
+  size_t peak_bytes = 0;            // Highest sum of all of the above so far.
 
   size_t persistent_bytes() const {
     return param_bytes + grad_bytes + optimizer_bytes;

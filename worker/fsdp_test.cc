@@ -503,10 +503,9 @@ TEST_P(FsdpMemoryTest, FullShardHoldsAboutOneNth) {
   // every rank; NO_SHARD all_reduces the gradients only, 2(n-1)/n of them.
   EXPECT_EQ(full[7],
             2 * (7 + 4) * WireBytes(Traffic::kAllGather, unit_bytes, world));
-  EXPECT_EQ(no_shard[7],
-            2 * kMemUnits *
-                WireBytes(Traffic::kAllReduce, kMemUnitSize * sizeof(float),
-                          world));
+  EXPECT_EQ(no_shard[7], 2 * kMemUnits *
+                             WireBytes(Traffic::kAllReduce,
+                                       kMemUnitSize * sizeof(float), world));
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, FsdpMemoryTest, ::testing::Values(1, 2, 4));
@@ -589,9 +588,8 @@ TEST(FsdpRanksTest, CreateRejectsRanksWithDifferentUnits) {
     absl::Status status = Fsdp::Create(group, units).status();
     if (status.code() != absl::StatusCode::kInvalidArgument ||
         !absl::StrContains(status.message(), "rank 1's parameter sizes")) {
-      return absl::InternalError(
-          absl::StrCat("want INVALID_ARGUMENT naming rank 1, got ",
-                       status.ToString()));
+      return absl::InternalError(absl::StrCat(
+          "want INVALID_ARGUMENT naming rank 1, got ", status.ToString()));
     }
     return Fsdp::Create(group, {{6, 2}, {4}}).status();
   });

@@ -48,7 +48,8 @@ uint64_t WireBytes(Traffic kind, uint64_t bytes, int size) {
   return kind == Traffic::kAllReduce ? 2 * share : share;
 }
 
-absl::Status VerifySameSizes(ProcessGroup& group, absl::Span<const size_t> sizes,
+absl::Status VerifySameSizes(ProcessGroup& group,
+                             absl::Span<const size_t> sizes,
                              absl::string_view what) {
   const int n = group.size();
   if (n <= 1) return absl::OkStatus();

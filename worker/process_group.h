@@ -193,17 +193,18 @@ class ProcessGroup {
 // count, the total and a fingerprint; call it on every rank. OK at world
 // size 1. INVALID_ARGUMENT naming `what`, the first rank that differs from
 // rank 0, and both sides' counts; the group's error if the exchange fails.
-absl::Status VerifySameSizes(ProcessGroup& group, absl::Span<const size_t> sizes,
+absl::Status VerifySameSizes(ProcessGroup& group,
+                             absl::Span<const size_t> sizes,
                              absl::string_view what);
 
 // The collectives whose traffic DDP and FSDP account.
 enum class Traffic { kAllReduce, kAllGather, kReduceScatter, kBroadcast };
 
 // The bytes each rank sends, on average, to run `kind` over `bytes` of data
-// in a group of `size` ranks with a bandwidth-optimal (ring) algorithm: 2(n-1)/n x
-// bytes for all_reduce, (n-1)/n x bytes for all_gather (bytes: the gathered
-// output), reduce_scatter (bytes: the full input) and broadcast. 0 for one
-// rank. DDP and FSDP report their traffic on this one scale, so that their
+// in a group of `size` ranks with a bandwidth-optimal (ring) algorithm:
+// 2(n-1)/n x bytes for all_reduce, (n-1)/n x bytes for all_gather (bytes: the
+// gathered output), reduce_scatter (bytes: the full input) and broadcast. 0 for
+// one rank. DDP and FSDP report their traffic on this one scale, so that their
 // figures compare (FSDP moves 1.5x DDP's bytes per step).
 uint64_t WireBytes(Traffic kind, uint64_t bytes, int size);
 

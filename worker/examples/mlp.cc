@@ -87,8 +87,9 @@ void Mlp::Backward(int layer, LayerParams params, LayerGrads grads) {
   const ConstMap w(params.weight, dims_[layer + 1], dims_[layer]);
   Matrix upstream = w.transpose() * delta_;
   // activations_[layer] is relu(z): its gradient passes where it is > 0.
-  delta_ = (activations_[layer].array() > 0.0f)
-               .select(upstream, Matrix::Zero(upstream.rows(), upstream.cols()));
+  delta_ =
+      (activations_[layer].array() > 0.0f)
+          .select(upstream, Matrix::Zero(upstream.rows(), upstream.cols()));
 }
 
 Matrix Mlp::Predict(const Matrix& inputs,

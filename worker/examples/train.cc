@@ -29,9 +29,11 @@ ABSL_FLAG(int, steps, 30, "Optimizer steps.");
 ABSL_FLAG(uint64_t, seed, 7, "Seeds the data, the teacher and the init.");
 ABSL_FLAG(int, global_batch, 128,
           "Samples per step across all ranks (each rank takes 1/world).");
-ABSL_FLAG(std::vector<std::string>, dims, std::vector<std::string>({"64", "512", "512", "512", "16"}),
+ABSL_FLAG(std::vector<std::string>, dims,
+          std::vector<std::string>({"64", "512", "512", "512", "16"}),
           "The student MLP's layer widths, input first.");
-ABSL_FLAG(std::vector<std::string>, teacher_dims, std::vector<std::string>({"64", "128", "16"}),
+ABSL_FLAG(std::vector<std::string>, teacher_dims,
+          std::vector<std::string>({"64", "128", "16"}),
           "The teacher MLP's layer widths.");
 ABSL_FLAG(int, samples, 16384, "Dataset size.");
 ABSL_FLAG(std::string, optimizer, "sgd", "sgd (with --momentum) or adam.");
@@ -39,7 +41,8 @@ ABSL_FLAG(double, lr, 0.05, "Learning rate.");
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum.");
 ABSL_FLAG(int, grad_accum, 1,
           "Micro-batches per step (DDP: all but the last under no_sync).");
-ABSL_FLAG(int, log_every, 1, "Print the loss every N steps (and the first and last).");
+ABSL_FLAG(int, log_every, 1,
+          "Print the loss every N steps (and the first and last).");
 ABSL_FLAG(double, first_bucket_mb, 1, "DDP: the first bucket's size, MiB.");
 ABSL_FLAG(double, bucket_cap_mb, 25, "DDP: the other buckets' size, MiB.");
 ABSL_FLAG(bool, overlap, true,
@@ -65,8 +68,8 @@ absl::StatusOr<std::vector<int>> ParseDims(
   for (const std::string& text : texts) {
     int d = 0;
     if (!absl::SimpleAtoi(text, &d) || d <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--", flag, ": '", text, "' is not a positive integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": '", text, "' is not a positive integer"));
     }
     dims.push_back(d);
   }
@@ -133,8 +136,8 @@ absl::Status Run() {
                 static_cast<unsigned long long>(config.seed));
     std::fflush(stdout);
   }
-  absl::StatusOr<cohort::examples::TrainReport> report = Train(
-      config, group, [&](int step, float loss) {
+  absl::StatusOr<cohort::examples::TrainReport> report =
+      Train(config, group, [&](int step, float loss) {
         if (!lead) return;
         std::printf("step %d loss=%.6f\n", step, loss);
         std::fflush(stdout);
@@ -155,9 +158,9 @@ absl::Status Run() {
     const std::string out = absl::GetFlag(FLAGS_params_out);
     if (!out.empty()) {
       std::ofstream file(out, std::ios::binary | std::ios::trunc);
-      file.write(reinterpret_cast<const char*>(report->params.data()),
-                 static_cast<std::streamsize>(report->params.size() *
-                                              sizeof(float)));
+      file.write(
+          reinterpret_cast<const char*>(report->params.data()),
+          static_cast<std::streamsize>(report->params.size() * sizeof(float)));
       if (!file) {
         return absl::InternalError(absl::StrCat("cannot write ", out));
       }

@@ -46,35 +46,35 @@ absl::Status CheckConfig(const TrainConfig& c, int world) {
     if (d <= 0) return absl::InvalidArgumentError("every dim must be > 0");
   }
   for (int d : c.teacher_dims) {
-    if (d <= 0) return absl::InvalidArgumentError("every teacher dim must be > 0");
+    if (d <= 0)
+      return absl::InvalidArgumentError("every teacher dim must be > 0");
   }
   if (c.dims.front() != c.teacher_dims.front() ||
       c.dims.back() != c.teacher_dims.back()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the student (", absl::StrJoin(c.dims, ","), ") and the teacher (",
-        absl::StrJoin(c.teacher_dims, ","),
-        ") must have the same input and output sizes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the student (", absl::StrJoin(c.dims, ","),
+                     ") and the teacher (", absl::StrJoin(c.teacher_dims, ","),
+                     ") must have the same input and output sizes"));
   }
   if (c.steps <= 0 || c.grad_accum <= 0 || c.log_every <= 0) {
     return absl::InvalidArgumentError(
         "steps, grad_accum and log_every must be > 0");
   }
   if (c.global_batch <= 0 || c.global_batch % (world * c.grad_accum) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "global_batch ", c.global_batch,
-        " must be a positive multiple of world size (", world,
-        ") x grad_accum (", c.grad_accum, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("global_batch ", c.global_batch,
+                     " must be a positive multiple of world size (", world,
+                     ") x grad_accum (", c.grad_accum, ")"));
   }
   if (c.samples < static_cast<size_t>(c.global_batch)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "samples (", c.samples, ") must be at least global_batch (",
-        c.global_batch, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("samples (", c.samples,
+                     ") must be at least global_batch (", c.global_batch, ")"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(
-    const TrainConfig& c) {
+absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainConfig& c) {
   if (c.optimizer == "sgd") {
     return NewSgd({.lr = c.lr, .momentum = c.momentum});
   }
@@ -142,9 +142,9 @@ struct Loop {
     for (int s = 1; s <= config.steps; ++s) {
       absl::StatusOr<float> loss = step();
       if (!loss.ok()) {
-        return absl::Status(loss.status().code(),
-                            absl::StrCat("step ", s, ": ",
-                                         loss.status().message()));
+        return absl::Status(
+            loss.status().code(),
+            absl::StrCat("step ", s, ": ", loss.status().message()));
       }
       if (s == 1 || s % config.log_every == 0 || s == config.steps) {
         float global = *loss;
@@ -247,8 +247,7 @@ struct Job {
   std::unique_ptr<Optimizer> optimizer;
 };
 
-Mlp::LayerParams LayerOf(const std::vector<std::vector<float>>& params,
-                         int l) {
+Mlp::LayerParams LayerOf(const std::vector<std::vector<float>>& params, int l) {
   return {params[2 * l].data(), params[2 * l + 1].data()};
 }
 
@@ -441,8 +440,8 @@ absl::string_view TrainModeName(TrainMode mode) {
 absl::StatusOr<TrainReport> Train(
     const TrainConfig& config, std::shared_ptr<ProcessGroup> group,
     const std::function<void(int step, float loss)>& on_log) {
-  const bool alone =
-      config.mode == TrainMode::kLocal || config.mode == TrainMode::kComputeOnly;
+  const bool alone = config.mode == TrainMode::kLocal ||
+                     config.mode == TrainMode::kComputeOnly;
   if (!alone && group == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "mode ", TrainModeName(config.mode), " needs a process group"));
@@ -450,9 +449,9 @@ absl::StatusOr<TrainReport> Train(
   const int world = group != nullptr ? group->size() : 1;
   const int rank = group != nullptr ? group->rank() : 0;
   if (config.mode == TrainMode::kLocal && world != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "mode local trains in one process; this job has ", world,
-        " ranks (use ddp or fsdp)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mode local trains in one process; this job has ", world,
+                     " ranks (use ddp or fsdp)"));
   }
   if (absl::Status s = CheckConfig(config, world); !s.ok()) return s;
   // compute_only must not communicate at all, not even the loss.

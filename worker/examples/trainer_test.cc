@@ -119,18 +119,18 @@ TEST_P(TrainerEquivalenceTest, MatchesOneProcessAtWorldOneTwoFour) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Modes, TrainerEquivalenceTest,
-    ::testing::Values(Case{TrainMode::kDdp, "sgd"},
-                      Case{TrainMode::kDdp, "adam"},
-                      Case{TrainMode::kFsdp, "sgd"},
-                      Case{TrainMode::kFsdp, "adam"},
-                      Case{TrainMode::kFsdpGradOp, "sgd"},
-                      Case{TrainMode::kFsdpNoShard, "sgd"}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      return absl::StrCat(TrainModeName(info.param.mode), "_",
-                          info.param.optimizer);
-    });
+INSTANTIATE_TEST_SUITE_P(Modes, TrainerEquivalenceTest,
+                         ::testing::Values(Case{TrainMode::kDdp, "sgd"},
+                                           Case{TrainMode::kDdp, "adam"},
+                                           Case{TrainMode::kFsdp, "sgd"},
+                                           Case{TrainMode::kFsdp, "adam"},
+                                           Case{TrainMode::kFsdpGradOp, "sgd"},
+                                           Case{TrainMode::kFsdpNoShard,
+                                                "sgd"}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return absl::StrCat(TrainModeName(info.param.mode),
+                                               "_", info.param.optimizer);
+                         });
 
 // Two micro-batches, the first under no_sync, equal one step on the whole
 // batch: DDP at world 2 with grad_accum 2 against one process without.

@@ -25,7 +25,8 @@ std::string TempDir() {
 
 absl::Status RunRank(const std::string& store_path, int rank, int world,
                      const RankMain& main) {
-  absl::StatusOr<std::unique_ptr<FileStore>> store = FileStore::Open(store_path);
+  absl::StatusOr<std::unique_ptr<FileStore>> store =
+      FileStore::Open(store_path);
   if (!store.ok()) return store.status();
   GlooOptions options;
   options.group.timeout = absl::Seconds(30);
