@@ -228,6 +228,19 @@ struct Job {
     return mlp.Loss(y, 1.0f / config.grad_accum) / config.grad_accum;
   }
 
+  // Steps every whole parameter i with the gradient `grad(i)` returns.
+  absl::Status StepReplica(
+      std::vector<std::vector<float>>& params,
+      const std::function<absl::Span<const float>(int)>& grad) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const int slot = static_cast<int>(i);
+      absl::Status stepped =
+          optimizer->Step(slot, absl::MakeSpan(params[i]), grad(slot));
+      if (!stepped.ok()) return stepped;
+    }
+    return absl::OkStatus();
+  }
+
   // Fills the report of a mode that keeps whole replicas.
   void ReportReplica(std::vector<std::vector<float>> params, size_t grad_bytes,
                      TrainReport& report) const {
@@ -275,11 +288,9 @@ absl::StatusOr<TrainReport> TrainAlone(const TrainConfig& c, int world,
                              {grads[2 * l].data(), grads[2 * l + 1].data()});
           }
         }
-        for (size_t i = 0; i < params.size(); ++i) {
-          absl::Status stepped = job.optimizer->Step(
-              static_cast<int>(i), absl::MakeSpan(params[i]), grads[i]);
-          if (!stepped.ok()) return stepped;
-        }
+        absl::Status stepped = job.StepReplica(
+            params, [&](int i) { return absl::MakeConstSpan(grads[i]); });
+        if (!stepped.ok()) return stepped;
         return loss;
       },
       report);
@@ -334,12 +345,9 @@ absl::StatusOr<TrainReport> TrainDdp(const TrainConfig& c,
           }
           if (absl::Status s = r.Finish(); !s.ok()) return s;
         }
-        for (size_t i = 0; i < params.size(); ++i) {
-          absl::Status stepped = job.optimizer->Step(
-              static_cast<int>(i), absl::MakeSpan(params[i]),
-              r.grad(static_cast<int>(i)));
-          if (!stepped.ok()) return stepped;
-        }
+        absl::Status stepped = job.StepReplica(
+            params, [&](int i) { return absl::Span<const float>(r.grad(i)); });
+        if (!stepped.ok()) return stepped;
         return loss;
       },
       report);
