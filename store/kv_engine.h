@@ -9,6 +9,7 @@
 #define COHORT_STORE_KV_ENGINE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+
+namespace rocksdb {
+class Env;
+}
 
 namespace cohort::store {
 
@@ -35,9 +40,26 @@ class KvEngine {
   // "rocksdb" or "memory", for logs.
   virtual absl::string_view name() const = 0;
 
-  // The value of `key`, or nullopt if it is absent.
+  // The value of `key`, or nullopt if it is absent. May read from disk.
   virtual absl::StatusOr<std::optional<std::string>> Get(
       absl::string_view key) const = 0;
+
+  // Whether `key` exists. Answered from memory, never from disk: waiters
+  // and checks call it once per key while the store's lock is held.
+  virtual bool Contains(absl::string_view key) const = 0;
+
+  // Values read later, outside the store's lock, as they are now.
+  class PreparedRead {
+   public:
+    virtual ~PreparedRead() = default;
+    // The values of the keys given to PrepareRead, in order, as they were
+    // when it was called (each key must have existed then). Called once.
+    virtual absl::StatusOr<std::vector<std::string>> Read() = 0;
+  };
+  // Pins the current values of `keys` (all of which exist) cheaply, so that
+  // the possibly slow reading happens in Read() without the store's lock.
+  virtual std::unique_ptr<PreparedRead> PrepareRead(
+      std::vector<std::string> keys) const = 0;
 
   // Applies `mutations` in order, all or none, and records `revision` as the
   // store's revision. When this returns OK the change survives the process
@@ -59,6 +81,12 @@ class KvEngine {
 
   // Makes everything applied so far durable on disk (a no-op in memory).
   virtual absl::Status Flush() = 0;
+
+  // OK while writes can be made durable. Otherwise RESOURCE_EXHAUSTED (the
+  // disk is full, or below its reserve) or the engine's error. An engine
+  // that stopped after a failed write tries to resume here once the cause
+  // is gone, so calling this periodically is how writes come back.
+  virtual absl::Status CheckWritable() { return absl::OkStatus(); }
 };
 
 // An engine that keeps everything in memory and loses it on exit.
@@ -71,6 +99,18 @@ struct RocksDbOptions {
   // write survives the process being killed, but not the machine losing
   // power. It costs one fsync per mutation (about 0.1-2 ms on SSDs).
   bool sync_writes = false;
+  // Writes that would leave less than this free on the data dir's disk are
+  // refused with RESOURCE_EXHAUSTED before RocksDB runs out of space.
+  // Deletes are always let through, so the reserve is what lets an operator
+  // (or a job's cleanup) delete keys on a full disk, and what RocksDB's own
+  // flushes and compactions use.
+  uint64_t min_free_bytes = 64 << 20;
+  // Where RocksDB's warnings and errors go (its info LOG is not written to
+  // the data dir, which may be the full disk). Default: stderr.
+  std::function<void(absl::string_view)> log;
+  // For tests: the Env RocksDB does its I/O through (faults can be
+  // injected there). Null: the default Env.
+  rocksdb::Env* env = nullptr;
 };
 
 // Opens (or creates) a RocksDB-backed engine. Fails with a message naming the

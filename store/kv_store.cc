@@ -23,11 +23,16 @@ struct KvStore::Waiter {
   size_t missing = 0;
   // The store's revision when the waiter last checked its keys.
   int64_t checked_at = 0;
+  // Set while WaitForKeys is still indexing the keys, slice by slice: the
+  // waiter may not complete before every key has been looked at.
+  bool registering = false;
 };
 
 namespace {
 
-// A key for an error message: printable, and cut short if long.
+// Long requests hold the lock for at most this many keys at a time, so a
+// 131,072-key wait cannot stall every other call.
+constexpr size_t kKeysPerSlice = 4096;
 
 size_t EventBytes(const Event& e) {
   return sizeof(Event) + e.key.size() + (e.value ? e.value->size() : 0);
@@ -54,10 +59,9 @@ int64_t KvStore::revision() {
 absl::Status KvStore::ValidateKey(absl::string_view key) const {
   if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
   if (key.size() > limits_.max_key_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("key ", Quote(key), " is ", key.size(),
-                     " bytes, over the limit of ", limits_.max_key_bytes,
-                     " bytes (max_key_bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key ", Quote(key), " is ", key.size(), " bytes, over the limit of ",
+        limits_.max_key_bytes, " bytes (max_key_bytes)"));
   }
   return absl::OkStatus();
 }
@@ -106,6 +110,7 @@ absl::StatusOr<int64_t> KvStore::CommitLocked(std::vector<Mutation> mutations,
   }
 
   for (auto& [id, watcher] : watchers_) {
+    if (revision < watcher.start_revision) continue;
     std::vector<Event> matching;
     for (const Event& e : events) {
       if (absl::StartsWith(e.key, watcher.prefix)) {
@@ -144,48 +149,52 @@ void KvStore::WakeWaitersLocked(absl::string_view key, Deferred& deferred) {
   for (WaitId id : ids) {
     auto w = waiters_.find(id);
     if (w == waiters_.end()) continue;
-    if (--w->second->missing > 0) continue;
+    if (--w->second->missing > 0 || w->second->registering) continue;
     if (TryCompleteLocked(w->second, deferred)) waiters_.erase(w);
   }
 }
 
 bool KvStore::TryCompleteLocked(std::unique_ptr<Waiter>& waiter,
                                 Deferred& deferred) {
-  ReadResult result;
-  result.revision = revision_;
-  const bool recheck = last_delete_revision_ > waiter->checked_at;
-  if (waiter->read_values || recheck) {
+  if (last_delete_revision_ > waiter->checked_at) {
+    // A key may have been deleted after it was seen: look again.
     std::vector<absl::string_view> missing;
     for (const std::string& key : waiter->keys) {
-      absl::StatusOr<std::optional<std::string>> value = engine_->Get(key);
-      if (!value.ok()) {
-        if (waiter->timer != 0) timer_.Cancel(waiter->timer);
-        UnindexWaiterLocked(*waiter);
-        deferred.push_back([done = std::move(waiter->done),
-                            s = value.status()] { done(s); });
-        return true;
-      }
-      if (!value->has_value()) {
-        missing.push_back(key);
-      } else if (waiter->read_values) {
-        result.values.push_back(std::move(**value));
-      }
+      if (!engine_->Contains(key)) missing.push_back(key);
     }
+    waiter->checked_at = revision_;
     if (!missing.empty()) {
-      // A key was deleted after it was seen: wait for it again.
-      waiter->checked_at = revision_;
-      waiter->missing = missing.size();
-      for (absl::string_view key : missing) {
+      absl::flat_hash_set<absl::string_view> distinct(missing.begin(),
+                                                      missing.end());
+      waiter->missing = distinct.size();
+      for (absl::string_view key : distinct) {
         waiters_by_key_[key].insert(waiter->id);
       }
       return false;
     }
   }
   if (waiter->timer != 0) timer_.Cancel(waiter->timer);
-  deferred.push_back([done = std::move(waiter->done),
-                      result = std::move(result)]() mutable {
-    done(std::move(result));
-  });
+  const int64_t revision = revision_;
+  if (!waiter->read_values) {
+    deferred.push_back([done = std::move(waiter->done), revision] {
+      ReadResult result;
+      result.revision = revision;
+      done(std::move(result));
+    });
+    return true;
+  }
+  // The values are pinned now and read after the lock is released.
+  deferred.push_back(
+      [done = std::move(waiter->done), revision,
+       read = std::shared_ptr<KvEngine::PreparedRead>(
+           engine_->PrepareRead(std::move(waiter->keys)))]() mutable {
+        absl::StatusOr<std::vector<std::string>> values = read->Read();
+        if (!values.ok()) return done(values.status());
+        ReadResult result;
+        result.revision = revision;
+        result.values = std::move(*values);
+        done(std::move(result));
+      });
   return true;
 }
 
@@ -256,12 +265,12 @@ absl::StatusOr<CompareSetResult> KvStore::CompareSet(
     absl::MutexLock lock(&mu_);
     absl::StatusOr<std::optional<std::string>> current = engine_->Get(key);
     if (!current.ok()) return current.status();
-    const bool write = current->has_value() ? **current == expected
-                                            : expected.empty();
+    const bool write =
+        current->has_value() ? **current == expected : expected.empty();
     if (!write) {
       // c10d: a missing key returns `expected`, a mismatch the current value.
-      result.value = current->has_value() ? std::move(**current)
-                                          : std::string(expected);
+      result.value =
+          current->has_value() ? std::move(**current) : std::string(expected);
       result.revision = revision_;
       return result;
     }
@@ -307,9 +316,7 @@ absl::StatusOr<DeleteResult> KvStore::Delete(absl::string_view key) {
   DeleteResult result;
   {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<std::optional<std::string>> current = engine_->Get(key);
-    if (!current.ok()) return current.status();
-    if (!current->has_value()) {
+    if (!engine_->Contains(key)) {
       result.revision = revision_;
       return result;
     }
@@ -328,9 +335,8 @@ absl::StatusOr<DeleteResult> KvStore::Delete(absl::string_view key) {
 absl::StatusOr<int64_t> KvStore::MultiSet(
     absl::Span<const std::string> keys, absl::Span<const std::string> values) {
   if (keys.size() != values.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("multi_set got ", keys.size(), " keys but ",
-                     values.size(), " values"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "multi_set got ", keys.size(), " keys but ", values.size(), " values"));
   }
   if (absl::Status s = ValidateKeys(keys); !s.ok()) return s;
   std::vector<Mutation> m(keys.size());
@@ -360,9 +366,7 @@ absl::StatusOr<CheckResult> KvStore::Check(absl::Span<const std::string> keys) {
   result.revision = revision_;
   result.all_exist = true;
   for (const std::string& key : keys) {
-    absl::StatusOr<std::optional<std::string>> value = engine_->Get(key);
-    if (!value.ok()) return value.status();
-    if (!value->has_value()) {
+    if (!engine_->Contains(key)) {
       result.all_exist = false;
       break;
     }
@@ -418,46 +422,74 @@ KvStore::WaitId KvStore::WaitForKeys(std::vector<std::string> keys,
     done(s);
     return 0;
   }
-  if (timeout <= absl::ZeroDuration()) {
-    timeout = absl::ZeroDuration();
-  }
+  const absl::Time deadline =
+      absl::Now() + std::max(timeout, absl::ZeroDuration());
   auto waiter = std::make_unique<Waiter>();
   waiter->keys = std::move(keys);
   waiter->read_values = read_values;
   waiter->done = std::move(done);
-  waiter->timeout = timeout;
-
-  Deferred deferred;
-  WaitId id = 0;
+  waiter->timeout = std::max(timeout, absl::ZeroDuration());
+  waiter->registering = true;
+  // The distinct keys, worked out before taking the lock.
+  std::vector<absl::string_view> distinct;
   {
-    absl::MutexLock lock(&mu_);
-    if (!shutdown_.ok()) {
-      deferred.push_back([done = std::move(waiter->done), s = shutdown_] {
-        done(s);
-      });
-    } else {
-      waiter->id = next_wait_id_++;
-      waiter->checked_at = revision_;
-      absl::flat_hash_set<absl::string_view> distinct;
-      for (const std::string& key : waiter->keys) {
-        if (!distinct.insert(key).second) continue;
-        absl::StatusOr<std::optional<std::string>> value = engine_->Get(key);
-        if (!value.ok() || !value->has_value()) {
-          waiters_by_key_[key].insert(waiter->id);
-          ++waiter->missing;
-        }
-      }
-      if (waiter->missing == 0) {
-        TryCompleteLocked(waiter, deferred);
-      } else {
-        id = waiter->id;
-        waiter->timer = timer_.Schedule(absl::Now() + timeout,
-                                        [this, id] { OnWaitTimeout(id); });
-        waiters_.emplace(id, std::move(waiter));
-      }
+    absl::flat_hash_set<absl::string_view> seen;
+    distinct.reserve(waiter->keys.size());
+    for (const std::string& key : waiter->keys) {
+      if (seen.insert(key).second) distinct.push_back(key);
     }
   }
-  for (auto& fn : deferred) fn();
+
+  WaitId id = 0;
+  absl::Status shutdown;
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown = shutdown_;
+    if (shutdown.ok()) {
+      id = next_wait_id_++;
+      waiter->id = id;
+      waiter->checked_at = revision_;
+      waiters_.emplace(id, std::move(waiter));
+    }
+  }
+  if (!shutdown.ok()) {
+    waiter->done(shutdown);
+    return 0;
+  }
+  // Index the missing keys a slice at a time. Between slices the waiter
+  // may be cancelled or shut down; then it is gone from waiters_ and the
+  // rest is skipped. Keys deleted after their slice was looked at are caught
+  // by TryCompleteLocked's recheck. The timeout starts counting now but is
+  // armed only once every key has been looked at, so it never reports keys
+  // as missing that were not checked.
+  for (size_t begin = 0; begin < distinct.size() || begin == 0;
+       begin += kKeysPerSlice) {
+    Deferred deferred;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = waiters_.find(id);
+      if (it == waiters_.end()) return id;
+      Waiter& w = *it->second;
+      const size_t end = std::min(distinct.size(), begin + kKeysPerSlice);
+      for (size_t i = begin; i < end; ++i) {
+        if (!engine_->Contains(distinct[i])) {
+          waiters_by_key_[distinct[i]].insert(id);
+          ++w.missing;
+        }
+      }
+      if (end == distinct.size()) {
+        w.registering = false;
+        if (w.missing == 0 && TryCompleteLocked(it->second, deferred)) {
+          waiters_.erase(it);
+        } else {
+          w.timer =
+              timer_.Schedule(deadline, [this, id] { OnWaitTimeout(id); });
+        }
+      }
+    }
+    for (auto& fn : deferred) fn();
+    if (distinct.empty()) break;
+  }
   return id;
 }
 
@@ -472,28 +504,33 @@ void KvStore::CancelWait(WaitId id) {
 
 void KvStore::OnWaitTimeout(WaitId id) {
   std::unique_ptr<Waiter> waiter;
-  std::vector<absl::string_view> missing;
   {
     absl::MutexLock lock(&mu_);
     auto it = waiters_.find(id);
     if (it == waiters_.end()) return;
     waiter = std::move(it->second);
     waiters_.erase(it);
-    absl::flat_hash_set<absl::string_view> distinct;
-    for (const std::string& key : waiter->keys) {
-      auto k = waiters_by_key_.find(key);
-      if (k != waiters_by_key_.end() && k->second.contains(id) &&
-          distinct.insert(key).second) {
-        missing.push_back(key);
-      }
-    }
-    UnindexWaiterLocked(*waiter);
   }
-  waiter->done(absl::DeadlineExceededError(absl::StrCat(
-      "timed out after ", absl::FormatDuration(waiter->timeout),
-      " waiting for ", missing.size(), " of ", waiter->keys.size(),
-      waiter->keys.size() == 1 ? " key" : " keys", "; missing: ",
-      QuoteList(missing))));
+  // Out of waiters_, the waiter can no longer complete; its index entries
+  // are removed (and the missing keys named) a slice at a time.
+  std::vector<absl::string_view> missing;
+  absl::flat_hash_set<absl::string_view> distinct;
+  for (size_t begin = 0; begin < waiter->keys.size(); begin += kKeysPerSlice) {
+    absl::MutexLock lock(&mu_);
+    const size_t end = std::min(waiter->keys.size(), begin + kKeysPerSlice);
+    for (size_t i = begin; i < end; ++i) {
+      const std::string& key = waiter->keys[i];
+      auto k = waiters_by_key_.find(key);
+      if (k == waiters_by_key_.end() || !k->second.erase(id)) continue;
+      if (k->second.empty()) waiters_by_key_.erase(k);
+      if (distinct.insert(key).second) missing.push_back(key);
+    }
+  }
+  waiter->done(absl::DeadlineExceededError(
+      absl::StrCat("timed out after ", absl::FormatDuration(waiter->timeout),
+                   " waiting for ", missing.size(), " of ", waiter->keys.size(),
+                   waiter->keys.size() == 1 ? " key" : " keys",
+                   "; missing: ", QuoteList(missing))));
 }
 
 absl::StatusOr<KvStore::WatchStart> KvStore::Watch(absl::string_view prefix,
@@ -511,22 +548,24 @@ absl::StatusOr<KvStore::WatchStart> KvStore::Watch(absl::string_view prefix,
   start.start_revision = from_revision == 0 ? revision_ + 1 : from_revision;
   if (start.start_revision <= compacted_revision_) {
     return absl::OutOfRangeError(absl::StrCat(
-        "revision ", from_revision, " is no longer in the watch history (it "
-        "holds revisions after ", compacted_revision_,
+        "revision ", from_revision,
+        " is no longer in the watch history (it "
+        "holds revisions after ",
+        compacted_revision_,
         "; history is bounded and starts afresh when cohortd restarts): list "
         "the keys, then watch from the listing's revision + 1"));
   }
   std::vector<Event> replay;
   for (const Event& e : history_) {
-    if (e.revision >= start.start_revision &&
-        absl::StartsWith(e.key, prefix)) {
+    if (e.revision >= start.start_revision && absl::StartsWith(e.key, prefix)) {
       replay.push_back(e);
     }
   }
   if (!replay.empty()) on_events(std::move(replay));
   start.id = next_watch_id_++;
-  watchers_.emplace(start.id, Watcher{std::string(prefix), std::move(on_events),
-                                      std::move(on_close)});
+  watchers_.emplace(start.id,
+                    Watcher{std::string(prefix), start.start_revision,
+                            std::move(on_events), std::move(on_close)});
   return start;
 }
 
@@ -551,6 +590,11 @@ void KvStore::Shutdown(absl::Status status) {
   }
   for (auto& [id, waiter] : waiters) waiter->done(status);
   for (auto& [id, watcher] : watchers) watcher.on_close(status);
+}
+
+absl::Status KvStore::CheckWritable() {
+  absl::MutexLock lock(&mu_);
+  return engine_->CheckWritable();
 }
 
 absl::Status KvStore::Flush() {

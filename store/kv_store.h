@@ -143,9 +143,10 @@ class KvStore {
   // read_values) once all of them exist at the same time; with
   // DEADLINE_EXCEEDED naming the missing keys once `timeout` passes; with
   // INVALID_ARGUMENT for bad keys; or with the Shutdown status. `done` may
-  // run before this returns (then the result is 0), and otherwise on the
+  // run before this returns (then the result may be 0), and otherwise on the
   // thread that writes the last key or on the timer thread; it must not
-  // block. Returns an id for CancelWait.
+  // block. Returns an id for CancelWait. The store's lock is held for at
+  // most a few thousand keys at a time, and no value is read under it.
   WaitId WaitForKeys(std::vector<std::string> keys, bool read_values,
                      absl::Duration timeout, ReadCallback done);
 
@@ -161,6 +162,8 @@ class KvStore {
   // Delivers the retained changes to keys under `prefix` with revision >=
   // from_revision (0: only changes after now), then every later one. Fails
   // with OUT_OF_RANGE if from_revision is older than the retained history.
+  // A from_revision beyond the current one is valid: the watch delivers
+  // changes once the store reaches it, and none before.
   absl::StatusOr<WatchStart> Watch(absl::string_view prefix,
                                    int64_t from_revision,
                                    EventsCallback on_events,
@@ -175,10 +178,16 @@ class KvStore {
   // Makes every applied change durable (see KvEngine::Flush).
   absl::Status Flush();
 
+  // Whether writes can be made durable now (KvEngine::CheckWritable): OK,
+  // or RESOURCE_EXHAUSTED while the data disk is full. cohortd's health
+  // follows it.
+  absl::Status CheckWritable();
+
  private:
   struct Waiter;
   struct Watcher {
     std::string prefix;
+    int64_t start_revision = 0;
     EventsCallback on_events;
     CloseCallback on_close;
   };
@@ -218,8 +227,8 @@ class KvStore {
   WaitId next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<WaitId, std::unique_ptr<Waiter>> waiters_
       ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, absl::flat_hash_set<WaitId>>
-      waiters_by_key_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::flat_hash_set<WaitId>> waiters_by_key_
+      ABSL_GUARDED_BY(mu_);
 
   WatchId next_watch_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<WatchId, Watcher> watchers_ ABSL_GUARDED_BY(mu_);

@@ -17,6 +17,30 @@ class MemoryEngine final : public KvEngine {
     return it->second;
   }
 
+  bool Contains(absl::string_view key) const override {
+    return data_.find(key) != data_.end();
+  }
+
+  // Memory is as fast as anything Read() could do later, so the values are
+  // copied now.
+  std::unique_ptr<PreparedRead> PrepareRead(
+      std::vector<std::string> keys) const override {
+    class Copied final : public PreparedRead {
+     public:
+      absl::StatusOr<std::vector<std::string>> Read() override {
+        return std::move(values);
+      }
+      std::vector<std::string> values;
+    };
+    auto read = std::make_unique<Copied>();
+    read->values.reserve(keys.size());
+    for (const std::string& key : keys) {
+      auto it = data_.find(key);
+      read->values.push_back(it == data_.end() ? std::string() : it->second);
+    }
+    return read;
+  }
+
   absl::Status Apply(absl::Span<const Mutation> mutations,
                      int64_t revision) override {
     for (const Mutation& m : mutations) {

@@ -1,13 +1,28 @@
 // RocksDB layout: user key K is stored as "d" + K; the store revision lives
 // under the meta key "m" as 8 bytes big-endian. A mutation batch and its
 // revision go in one WriteBatch, so they land in the WAL together.
+//
+// Every key is also held in memory (keys_), so existence checks, which
+// waiters make once per key under the store's lock, never touch the disk.
+// Values of 64 KiB and more live in blob files, so the SST blocks that
+// point lookups decompress stay small whatever the values are.
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
 #include <memory>
 
-#include "absl/strings/str_cat.h"
-#include "rocksdb/db.h"
-#include "rocksdb/options.h"
-#include "rocksdb/write_batch.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "rocksdb/cache.h"
+#include "rocksdb/db.h"
+#include "rocksdb/env.h"
+#include "rocksdb/filter_policy.h"
+#include "rocksdb/options.h"
+#include "rocksdb/table.h"
+#include "rocksdb/write_batch.h"
 #include "store/kv_engine.h"
 
 namespace cohort::store {
@@ -39,22 +54,63 @@ int64_t DecodeRevision(absl::string_view bytes) {
   return static_cast<int64_t>(v);
 }
 
-absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("rocksdb ", what, ": ", s.ToString()));
+// Free bytes for an unprivileged writer on the filesystem holding `path`,
+// or -1 if it cannot be read.
+int64_t FreeBytes(const std::string& path) {
+  struct statvfs st;
+  if (statvfs(path.c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
 }
+
+// A RocksDB status as an absl one: running out of space is
+// RESOURCE_EXHAUSTED naming the data dir, anything else INTERNAL.
+absl::Status RocksError(const rocksdb::Status& s, absl::string_view what,
+                        const std::string& path) {
+  if (s.ok()) return absl::OkStatus();
+  if (s.IsNoSpace() || absl::StrContains(s.ToString(), "No space left")) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the data dir ", path, " is out of space (", FreeBytes(path),
+        " bytes free): rocksdb ", what, ": ", s.ToString(),
+        "; free space on that disk, or delete keys"));
+  }
+  return absl::InternalError(
+      absl::StrCat("rocksdb ", what, ": ", s.ToString()));
+}
+
+// RocksDB's info log, sent to cohort's log instead of a LOG file in the
+// data dir: a full data disk must not be able to fail (and, in Debian's
+// build with assertions, abort) a log write. Only warnings and worse.
+class ForwardingLogger final : public rocksdb::Logger {
+ public:
+  explicit ForwardingLogger(std::function<void(absl::string_view)> sink)
+      : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL),
+        sink_(std::move(sink)) {}
+
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    char buf[1024];
+    int n = std::vsnprintf(buf, sizeof(buf), format, ap);
+    if (n < 0) return;
+    sink_(absl::string_view(buf, std::min<size_t>(n, sizeof(buf) - 1)));
+  }
+
+ private:
+  std::function<void(absl::string_view)> sink_;
+};
 
 class RocksDbEngine final : public KvEngine {
  public:
-  RocksDbEngine(std::unique_ptr<rocksdb::DB> db, bool sync_writes)
-      : db_(std::move(db)) {
-    write_options_.sync = sync_writes;
+  RocksDbEngine(std::unique_ptr<rocksdb::DB> db, const RocksDbOptions& options)
+      : db_(std::move(db)),
+        path_(options.path),
+        min_free_bytes_(options.min_free_bytes) {
+    write_options_.sync = options.sync_writes;
   }
 
   ~RocksDbEngine() override {
     // Closing flushes nothing the WAL does not already hold; it only makes
-    // the next open faster.
-    db_->FlushWAL(/*sync=*/true).PermitUncheckedError();
+    // the next open faster. After a failed write there is nothing to add.
+    if (failed_.ok()) db_->FlushWAL(/*sync=*/true).PermitUncheckedError();
     db_->Close().PermitUncheckedError();
   }
 
@@ -66,19 +122,21 @@ class RocksDbEngine final : public KvEngine {
     } else if (!s.IsNotFound()) {
       return FromRocks(s, "reading the revision");
     }
-    std::unique_ptr<rocksdb::Iterator> it(
-        db_->NewIterator(rocksdb::ReadOptions()));
+    rocksdb::ReadOptions keys_only;
+    keys_only.fill_cache = false;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(keys_only));
     for (it->Seek(std::string(1, kDataPrefix));
          it->Valid() && it->key()[0] == kDataPrefix; it->Next()) {
-      ++num_keys_;
+      keys_.emplace(it->key().data() + 1, it->key().size() - 1);
     }
-    return FromRocks(it->status(), "counting keys");
+    return FromRocks(it->status(), "loading the keys");
   }
 
   absl::string_view name() const override { return "rocksdb"; }
 
   absl::StatusOr<std::optional<std::string>> Get(
       absl::string_view key) const override {
+    if (!keys_.contains(key)) return std::nullopt;
     std::string value;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), DataKey(key), &value);
     if (s.IsNotFound()) return std::nullopt;
@@ -86,70 +144,98 @@ class RocksDbEngine final : public KvEngine {
     return value;
   }
 
+  bool Contains(absl::string_view key) const override {
+    return keys_.contains(key);
+  }
+
+  std::unique_ptr<PreparedRead> PrepareRead(
+      std::vector<std::string> keys) const override {
+    class AtSnapshot final : public PreparedRead {
+     public:
+      AtSnapshot(rocksdb::DB* db, std::vector<std::string> keys)
+          : db_(db), snapshot_(db->GetSnapshot()), keys_(std::move(keys)) {}
+      ~AtSnapshot() override { db_->ReleaseSnapshot(snapshot_); }
+
+      absl::StatusOr<std::vector<std::string>> Read() override {
+        rocksdb::ReadOptions options;
+        options.snapshot = snapshot_;
+        std::vector<std::string> values(keys_.size());
+        for (size_t i = 0; i < keys_.size(); ++i) {
+          rocksdb::Status s = db_->Get(options, DataKey(keys_[i]), &values[i]);
+          if (!s.ok()) return RocksError(s, "get", "");
+        }
+        return values;
+      }
+
+     private:
+      rocksdb::DB* const db_;
+      const rocksdb::Snapshot* const snapshot_;
+      const std::vector<std::string> keys_;
+    };
+    return std::make_unique<AtSnapshot>(db_.get(), std::move(keys));
+  }
+
   absl::Status Apply(absl::Span<const Mutation> mutations,
                      int64_t revision) override {
     rocksdb::WriteBatch batch;
-    int64_t delta = 0;
-    // Keys this batch already created or removed, so a key named twice in one
-    // batch is counted once.
-    std::vector<std::pair<absl::string_view, bool>> seen;
+    size_t put_bytes = 0;
     for (const Mutation& m : mutations) {
-      std::string key = DataKey(m.key);
-      bool existed;
-      auto prior = std::find_if(seen.begin(), seen.end(), [&](auto& p) {
-        return p.first == m.key;
-      });
-      if (prior != seen.end()) {
-        existed = prior->second;
-      } else {
-        std::string ignored;
-        rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), key, &ignored);
-        if (!s.ok() && !s.IsNotFound()) return FromRocks(s, "get");
-        existed = s.ok();
-        seen.emplace_back(m.key, existed);
-        prior = seen.end() - 1;
-      }
       if (m.kind == Mutation::Kind::kPut) {
-        batch.Put(key, m.value);
-        if (!existed) ++delta;
-        prior->second = true;
+        batch.Put(DataKey(m.key), m.value);
+        put_bytes += m.key.size() + m.value.size();
       } else {
-        batch.Delete(key);
-        if (existed) --delta;
-        prior->second = false;
+        batch.Delete(DataKey(m.key));
       }
     }
     batch.Put(kRevisionKey, EncodeRevision(revision));
-    if (absl::Status s = FromRocks(db_->Write(write_options_, &batch), "write");
-        !s.ok()) {
-      return s;
+    // Deletes pass on a full disk: they are how space is given back.
+    if (put_bytes > 0) {
+      if (absl::Status s = Admit(put_bytes); !s.ok()) return s;
     }
-    num_keys_ += delta;
+    if (absl::Status s = Resume(); !s.ok()) return s;
+    rocksdb::Status written = db_->Write(write_options_, &batch);
+    if (!written.ok()) {
+      failed_ = FromRocks(written, "write");
+      if (absl::IsResourceExhausted(failed_)) {
+        needed_free_ = min_free_bytes_ + kResumeFreeBytes;
+      }
+      return failed_;
+    }
+    for (const Mutation& m : mutations) {
+      if (m.kind == Mutation::Kind::kPut) {
+        keys_.emplace(m.key);
+      } else {
+        keys_.erase(m.key);
+      }
+    }
     revision_ = revision;
     return absl::OkStatus();
   }
 
   int64_t revision() const override { return revision_; }
 
-  int64_t NumKeys() const override { return num_keys_; }
+  int64_t NumKeys() const override { return keys_.size(); }
 
   absl::StatusOr<std::vector<std::string>> ListKeys(
       absl::string_view prefix, absl::string_view start_after,
       size_t limit) const override {
     std::vector<std::string> keys;
-    std::unique_ptr<rocksdb::Iterator> it(
-        db_->NewIterator(rocksdb::ReadOptions()));
+    rocksdb::ReadOptions keys_only;
+    keys_only.fill_cache = false;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(keys_only));
     const std::string data_prefix = DataKey(prefix);
     if (start_after > prefix) {
       it->Seek(DataKey(start_after));
-      if (it->Valid() && absl::string_view(it->key().data(), it->key().size()).substr(1) == start_after) {
+      if (it->Valid() &&
+          absl::string_view(it->key().data(), it->key().size()).substr(1) ==
+              start_after) {
         it->Next();
       }
     } else {
       it->Seek(data_prefix);
     }
     for (; it->Valid() && keys.size() < limit; it->Next()) {
-      absl::string_view k = absl::string_view(it->key().data(), it->key().size());
+      absl::string_view k(it->key().data(), it->key().size());
       if (!absl::StartsWith(k, data_prefix)) break;
       keys.emplace_back(k.substr(1));
     }
@@ -158,6 +244,7 @@ class RocksDbEngine final : public KvEngine {
   }
 
   absl::Status Flush() override {
+    if (absl::Status s = CheckWritable(); !s.ok()) return s;
     if (absl::Status s = FromRocks(db_->FlushWAL(/*sync=*/true), "flush wal");
         !s.ok()) {
       return s;
@@ -165,11 +252,84 @@ class RocksDbEngine final : public KvEngine {
     return FromRocks(db_->Flush(rocksdb::FlushOptions()), "flush");
   }
 
+  absl::Status CheckWritable() override {
+    if (needed_free_ > 0) {
+      const int64_t free = FreeBytes(path_);
+      if (free >= 0 && static_cast<uint64_t>(free) < needed_free_) {
+        if (!failed_.ok()) return failed_;
+        return absl::ResourceExhaustedError(
+            absl::StrCat("the data dir ", path_, " has ", free,
+                         " bytes free; writes "
+                         "resume once ",
+                         needed_free_,
+                         " are (the last refused write plus "
+                         "the reserve, --min_free_bytes)"));
+      }
+      needed_free_ = 0;
+    }
+    return Resume();
+  }
+
  private:
+  // Free space, beyond the reserve, that must come back before RocksDB is
+  // asked to resume after running out of it.
+  static constexpr uint64_t kResumeFreeBytes = 4 << 20;
+
+  // RocksDB stops writing after a failed write; once the cause may be gone,
+  // this lets it start a new WAL and go on.
+  absl::Status Resume() {
+    if (failed_.ok()) return failed_;
+    if (absl::Status s = FromRocks(db_->Resume(), "resume"); !s.ok()) {
+      failed_ = s;
+      return s;
+    }
+    failed_ = absl::OkStatus();
+    return failed_;
+  }
+
+  absl::Status FromRocks(const rocksdb::Status& s,
+                         absl::string_view what) const {
+    return RocksError(s, what, path_);
+  }
+
+  // Refuses a write of `bytes` that would leave less than the reserve once
+  // the memtables (whose flush will need about their size on disk) are
+  // flushed.
+  absl::Status Admit(size_t bytes) {
+    const int64_t free = FreeBytes(path_);
+    if (free < 0) return absl::OkStatus();  // Unknown: let RocksDB decide.
+    uint64_t unflushed = 0;
+    db_->GetIntProperty(rocksdb::DB::Properties::kCurSizeAllMemTables,
+                        &unflushed);
+    const uint64_t needed = min_free_bytes_ + unflushed + bytes;
+    if (static_cast<uint64_t>(free) >= needed) return absl::OkStatus();
+    needed_free_ = std::max(needed_free_, needed);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the data dir ", path_, " has ", free,
+        " bytes free, and cohortd "
+        "keeps ",
+        min_free_bytes_,
+        " bytes in reserve (--min_free_bytes) "
+        "plus ",
+        unflushed, " for flushing the memtables",
+        bytes > 0 ? absl::StrCat(" after this write of ", bytes, " bytes")
+                  : std::string(),
+        ": writes are refused until space is freed on that disk (deleting "
+        "keys still works)"));
+  }
+
   std::unique_ptr<rocksdb::DB> db_;
+  const std::string path_;
+  const uint64_t min_free_bytes_;
   rocksdb::WriteOptions write_options_;
+  absl::flat_hash_set<std::string> keys_;
   int64_t revision_ = 0;
-  int64_t num_keys_ = 0;
+  // The error of the last failed write; RocksDB refuses writes after it
+  // until Resume().
+  absl::Status failed_;
+  // While nonzero, writes are known not to fit: health stays NOT_SERVING
+  // until this many bytes are free.
+  uint64_t needed_free_ = 0;
 };
 
 }  // namespace
@@ -178,19 +338,47 @@ absl::StatusOr<std::unique_ptr<KvEngine>> OpenRocksDbEngine(
     const RocksDbOptions& options) {
   rocksdb::Options db_options;
   db_options.create_if_missing = true;
+  if (options.env != nullptr) db_options.env = options.env;
+  db_options.info_log = std::make_shared<ForwardingLogger>(
+      options.log ? options.log : [](absl::string_view line) {
+        std::fprintf(stderr, "rocksdb: %.*s\n", static_cast<int>(line.size()),
+                     line.data());
+      });
+  db_options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
   // A coordinator's data is small and hot: keep the footprint modest.
   db_options.max_background_jobs = 2;
   db_options.write_buffer_size = 32 << 20;
-  db_options.keep_log_file_num = 4;
+  // Replaying the WAL at start must not need room for a flush: a cohortd
+  // stopped on a full disk can start again once a little space is free.
+  db_options.avoid_flush_during_recovery = true;
+  // No file grows by preallocated chunks (a new WAL would take 35 MiB at
+  // once), so the free space the reserve is checked against is what the
+  // files really use.
+  db_options.allow_fallocate = false;
+  // Large values go to blob files, so SST blocks stay a few KiB and a point
+  // lookup never decompresses a multi-MiB block.
+  db_options.enable_blob_files = true;
+  db_options.min_blob_size = 64 << 10;
+  db_options.enable_blob_garbage_collection = true;
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = rocksdb::NewLRUCache(64 << 20);
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  db_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(db_options, options.path, &raw);
   if (!s.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot open RocksDB at '", options.path,
-                     "': ", s.ToString()));
+    const int64_t free = FreeBytes(options.path);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot open RocksDB at '", options.path, "': ", s.ToString(),
+        s.IsNoSpace() || absl::StrContains(s.ToString(), "No space left")
+            ? absl::StrCat(" (", free,
+                           " bytes free on its disk: free space "
+                           "there and start cohortd again)")
+            : std::string()));
   }
-  auto engine = std::make_unique<RocksDbEngine>(std::unique_ptr<rocksdb::DB>(raw),
-                                                options.sync_writes);
+  auto engine = std::make_unique<RocksDbEngine>(
+      std::unique_ptr<rocksdb::DB>(raw), options);
   if (absl::Status st = engine->Load(); !st.ok()) return st;
   return engine;
 }
