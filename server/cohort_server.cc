@@ -1,6 +1,7 @@
 #include "server/cohort_server.h"
 
 #include <algorithm>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,11 @@ namespace {
 
 // Time for gRPC to send GOAWAY on every connection once Shutdown begins.
 constexpr absl::Duration kGoawayDelay = absl::Milliseconds(100);
+
+int ToMillisArg(absl::Duration d) {
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d),
+                                            std::numeric_limits<int>::max()));
+}
 
 }  // namespace
 
@@ -36,12 +42,18 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   const store::StoreLimits& limits = server->store_->limits();
   // Room for the largest single value plus its key and framing; multi-key
   // calls may carry up to 64 MiB.
-  const size_t max_message =
-      std::max<size_t>(64 << 20, limits.max_value_bytes + limits.max_key_bytes +
-                                     (1 << 20));
+  const size_t max_message = std::max<size_t>(
+      64 << 20, limits.max_value_bytes + limits.max_key_bytes + (1 << 20));
+  server->log_ = options.log;
+  auto listener = Listener::Bind(
+      options.listen,
+      {.max_connections = options.max_connections, .log = options.log});
+  if (!listener.ok()) return listener.status();
+  server->listener_ = std::move(*listener);
+  server->port_ = server->listener_->port();
+
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
-                           &server->port_);
+  // Connections come only from the Listener; gRPC opens no port itself.
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->rendezvous_service_.get());
   builder.RegisterService(server->membership_service_.get());
@@ -49,35 +61,86 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
       std::min<size_t>(max_message, std::numeric_limits<int>::max())));
   builder.SetMaxSendMessageSize(static_cast<int>(
       std::min<size_t>(max_message, std::numeric_limits<int>::max())));
-  server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on ", options.listen,
-        ": the address is in use or not local to this machine"));
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  if (options.idle_timeout > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                               ToMillisArg(options.idle_timeout));
   }
-  grpc::HealthCheckServiceInterface* health =
-      server->server_->GetHealthCheckService();
-  health->SetServingStatus("", true);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             ToMillisArg(options.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             ToMillisArg(options.keepalive_timeout));
+  // Clients may ping as often as every 10 s (RemoteStore's keepalive).
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr) {
+    return absl::InternalError("the gRPC server failed to start");
+  }
+  server->listener_->Start(server->server_.get());
+  {
+    absl::MutexLock lock(&server->health_mu_);
+    server->SetServing(true, absl::OkStatus());
+  }
+  server->health_thread_ =
+      std::thread([s = server.get(), interval = options.health_interval] {
+        s->WatchHealth(interval);
+      });
+  return server;
+}
+
+void CohortServer::SetServing(bool serving, const absl::Status& why) {
+  if (serving_ == serving) return;
+  serving_ = serving;
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus("", serving);
   for (const char* service :
        {v1::Store::service_full_name(), v1::Rendezvous::service_full_name(),
         v1::Membership::service_full_name()}) {
-    health->SetServingStatus(service, true);
+    health->SetServingStatus(service, serving);
   }
-  return server;
+  if (log_ && !stopping_ && (serving ? !last_problem_.ok() : true)) {
+    log_(serving ? std::string("health: SERVING again (writes are durable)")
+                 : absl::StrCat("health: NOT_SERVING: ", why.message()));
+  }
+  last_problem_ = why;
+}
+
+void CohortServer::WatchHealth(absl::Duration interval) {
+  absl::MutexLock lock(&health_mu_);
+  while (!stopping_) {
+    health_mu_.AwaitWithTimeout(absl::Condition(&stopping_), interval);
+    if (stopping_) break;
+    absl::Status writable = store_->CheckWritable();
+    SetServing(writable.ok(), writable);
+  }
+}
+
+bool CohortServer::serving() {
+  absl::MutexLock lock(&health_mu_);
+  return serving_;
 }
 
 CohortServer::~CohortServer() { Drain().IgnoreError(); }
 
 absl::Status CohortServer::Drain(absl::Duration grace) {
-  if (drained_) return absl::OkStatus();
+  if (drained_ || server_ == nullptr) return absl::OkStatus();
   drained_ = true;
-  server_->GetHealthCheckService()->SetServingStatus(false);
+  {
+    absl::MutexLock lock(&health_mu_);
+    stopping_ = true;
+    SetServing(false, absl::OkStatus());
+  }
+  if (health_thread_.joinable()) health_thread_.join();
+  listener_->Stop();
   // Stop accepting first: Shutdown closes the listener and tells every
   // connection (HTTP/2 GOAWAY) to take no new calls, then waits for the
   // calls in flight. Only then are the blocked calls ended, so a client
   // that retries at once cannot land on this dying server again.
-  std::thread stopper(
-      [this, grace] { server_->Shutdown(absl::ToChronoTime(absl::Now() + grace)); });
+  std::thread stopper([this, grace] {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  });
   absl::SleepFor(kGoawayDelay);
   const absl::Status draining = absl::UnavailableError(
       "cohortd is shutting down; retry against its replacement");

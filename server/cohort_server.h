@@ -4,13 +4,18 @@
 #ifndef COHORT_SERVER_COHORT_SERVER_H_
 #define COHORT_SERVER_COHORT_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
 #include "server/coordination_service.h"
+#include "server/listener.h"
 #include "server/membership.h"
 #include "server/rendezvous.h"
 #include "server/store_service.h"
@@ -19,9 +24,26 @@
 namespace cohort::server {
 
 struct ServerOptions {
-  // HOST:PORT to listen on; port 0 picks a free port (see port()).
+  // HOST:PORT to listen on; port 0 picks a free port (see port()). The port
+  // is bound exclusively: Start fails if another process serves it.
   std::string listen = "0.0.0.0:29500";
   StoreServiceOptions store_service;
+  // Connections open at once; more are refused with a GOAWAY saying so.
+  size_t max_connections = 16384;
+  // A connection with no call in flight for this long is closed (the client
+  // reconnects on its next call); 0 keeps idle connections forever.
+  absl::Duration idle_timeout = absl::Minutes(30);
+  // Pings on a connection quiet for this long, and drops it if the peer
+  // does not answer within keepalive_timeout: a dead client's blocked calls
+  // and watches are ended instead of held forever.
+  absl::Duration keepalive_time = absl::Minutes(1);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
+  // How often health follows the store's writability (a full disk turns it
+  // NOT_SERVING, freed space back to SERVING).
+  absl::Duration health_interval = absl::Seconds(1);
+  // Where the server reports what it does on its own (health changes,
+  // refused connections). Default: nowhere.
+  std::function<void(absl::string_view)> log;
 };
 
 class CohortServer {
@@ -41,11 +63,20 @@ class CohortServer {
 
   // Graceful stop: health goes NOT_SERVING, pending waits and watches end
   // with UNAVAILABLE, new connections are refused, calls in flight get
-  // `grace` to finish, then the store is flushed. Idempotent.
+  // `grace` to finish, then the store is flushed. A flush refused for lack
+  // of disk space returns RESOURCE_EXHAUSTED: nothing acknowledged is lost
+  // (it is in the write-ahead log, replayed at the next start). Idempotent.
   absl::Status Drain(absl::Duration grace = absl::Seconds(5));
+
+  // Whether health says SERVING (false while the disk is full or draining).
+  bool serving();
 
  private:
   CohortServer() = default;
+  // Sets health from the store's writability every health_interval.
+  void WatchHealth(absl::Duration interval);
+  void SetServing(bool serving, const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(health_mu_);
 
   std::unique_ptr<store::KvStore> store_;
   std::unique_ptr<Membership> membership_;
@@ -53,9 +84,17 @@ class CohortServer {
   std::unique_ptr<StoreService> service_;
   std::unique_ptr<RendezvousService> rendezvous_service_;
   std::unique_ptr<MembershipService> membership_service_;
+  std::unique_ptr<Listener> listener_;
   std::unique_ptr<grpc::Server> server_;
+  std::function<void(absl::string_view)> log_;
   int port_ = 0;
   bool drained_ = false;
+
+  absl::Mutex health_mu_;
+  bool serving_ ABSL_GUARDED_BY(health_mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(health_mu_) = false;
+  absl::Status last_problem_ ABSL_GUARDED_BY(health_mu_);
+  std::thread health_thread_;
 };
 
 }  // namespace cohort::server

@@ -2,6 +2,7 @@
 // grpc.health.v1 and server reflection) over gRPC, backed by RocksDB in
 // --data_dir or, with --engine=memory, by nothing durable.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -10,9 +11,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "grpc/support/log.h"
 #include "server/cohort_server.h"
 #include "store/kv_engine.h"
 #include "store/kv_store.h"
@@ -32,7 +35,8 @@ ABSL_FLAG(uint64_t, max_value_bytes, 8 << 20,
           "largest value accepted (also the largest Append result), in bytes");
 ABSL_FLAG(uint64_t, max_keys_per_call, 128 << 10,
           "most keys one Wait/Check/MultiGet/MultiSet may name");
-ABSL_FLAG(uint64_t, max_list_page, 10000, "most keys one ListKeys page returns");
+ABSL_FLAG(uint64_t, max_list_page, 10000,
+          "most keys one ListKeys page returns");
 ABSL_FLAG(uint64_t, watch_history_events, 100000,
           "changes kept in memory so a Watch can resume from a past revision");
 ABSL_FLAG(uint64_t, watch_history_bytes, 64 << 20,
@@ -40,23 +44,66 @@ ABSL_FLAG(uint64_t, watch_history_bytes, 64 << 20,
 ABSL_FLAG(uint64_t, watch_buffer_bytes, 64 << 20,
           "unsent bytes after which a slow watcher is cut off "
           "(RESOURCE_EXHAUSTED)");
+ABSL_FLAG(uint64_t, min_free_bytes, 64 << 20,
+          "free space kept in reserve on the data dir's disk: writes that "
+          "would leave less are refused with RESOURCE_EXHAUSTED (deletes "
+          "still work), and health turns NOT_SERVING until space is freed");
+ABSL_FLAG(uint64_t, max_connections, 16384,
+          "client connections open at once; more are refused with a message "
+          "saying so (lowered to fit the file descriptor limit)");
+ABSL_FLAG(absl::Duration, idle_timeout, absl::Minutes(30),
+          "close a connection with no call in flight for this long (the "
+          "client reconnects on its next call); 0 keeps them forever");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5),
           "on SIGTERM/SIGINT, how long calls in flight get to finish");
 
 namespace {
 
 void Log(const std::string& message) {
-  std::fprintf(stderr, "%s cohortd: %s\n",
-               absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(),
-                                absl::UTCTimeZone())
-                   .c_str(),
-               message.c_str());
+  std::fprintf(
+      stderr, "%s cohortd: %s\n",
+      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone())
+          .c_str(),
+      message.c_str());
   std::fflush(stderr);
 }
 
 int Fail(const absl::Status& status) {
   Log(absl::StrCat("fatal: ", status.message()));
   return 1;
+}
+
+// gRPC's own log lines may quote bytes a peer sent (a bad HTTP/2 header,
+// say): escaped here, so nothing a client chooses reaches the terminal raw.
+void GrpcLog(gpr_log_func_args* args) {
+  if (args->severity < GPR_LOG_SEVERITY_ERROR) return;
+  Log(absl::StrCat("grpc: ", absl::CHexEscape(args->message)));
+}
+
+// Each client connection is a file descriptor: take the hard limit rather
+// than the usual soft 1,024, and keep max_connections under what is left
+// for the store and gRPC's own needs.
+constexpr uint64_t kReservedFds = 256;
+uint64_t RaiseFdLimit(uint64_t max_connections) {
+  struct rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return max_connections;
+  const rlim_t before = limit.rlim_cur;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = before;
+  }
+  uint64_t fit = limit.rlim_cur > 2 * kReservedFds
+                     ? limit.rlim_cur - kReservedFds
+                     : limit.rlim_cur / 2;
+  Log(absl::StrCat(
+      "file descriptor limit ", limit.rlim_cur,
+      limit.rlim_cur != before ? absl::StrCat(" (raised from ", before, ")")
+                               : std::string(" (the hard limit)"),
+      "; serving up to ", std::min(fit, max_connections), " connections",
+      fit < max_connections ? absl::StrCat(" (--max_connections=",
+                                           max_connections, " does not fit)")
+                            : std::string()));
+  return std::min(fit, max_connections);
 }
 
 }  // namespace
@@ -66,6 +113,7 @@ int main(int argc, char** argv) {
       "cohortd --listen=HOST:PORT --data_dir=DIR [--engine=rocksdb|memory]\n"
       "The cohort coordinator: a c10d-style key-value store over gRPC.");
   absl::ParseCommandLine(argc, argv);
+  gpr_set_log_function(GrpcLog);
 
   // Signals are taken synchronously by sigwait below; block them before any
   // thread starts so every thread inherits the mask.
@@ -84,8 +132,9 @@ int main(int argc, char** argv) {
   limits.history_bytes = absl::GetFlag(FLAGS_watch_history_bytes);
   if (limits.max_key_bytes == 0 || limits.max_keys_per_call == 0 ||
       limits.max_list_page == 0) {
-    return Fail(absl::InvalidArgumentError(
-        "--max_key_bytes, --max_keys_per_call and --max_list_page must be > 0"));
+    return Fail(
+        absl::InvalidArgumentError("--max_key_bytes, --max_keys_per_call and "
+                                   "--max_list_page must be > 0"));
   }
 
   const std::string engine_name = absl::GetFlag(FLAGS_engine);
@@ -96,20 +145,25 @@ int main(int argc, char** argv) {
     where = "memory (nothing is persisted)";
   } else if (engine_name == "rocksdb") {
     std::error_code ec;
-    std::filesystem::path dir = std::filesystem::absolute(
-        absl::GetFlag(FLAGS_data_dir), ec);
+    std::filesystem::path dir =
+        std::filesystem::absolute(absl::GetFlag(FLAGS_data_dir), ec);
     std::filesystem::create_directories(dir, ec);
     if (ec) {
       return Fail(absl::FailedPreconditionError(absl::StrCat(
           "cannot create --data_dir ", dir.string(), ": ", ec.message())));
     }
     auto opened = cohort::store::OpenRocksDbEngine(
-        {.path = dir.string(), .sync_writes = absl::GetFlag(FLAGS_sync_writes)});
+        {.path = dir.string(),
+         .sync_writes = absl::GetFlag(FLAGS_sync_writes),
+         .min_free_bytes = absl::GetFlag(FLAGS_min_free_bytes),
+         .log = [](absl::string_view line) {
+           Log(absl::StrCat("rocksdb: ", line));
+         }});
     if (!opened.ok()) return Fail(opened.status());
     engine = std::move(*opened);
-    where = absl::StrCat("rocksdb in ", dir.string(),
-                         absl::GetFlag(FLAGS_sync_writes) ? " (sync writes)"
-                                                          : "");
+    where =
+        absl::StrCat("rocksdb in ", dir.string(),
+                     absl::GetFlag(FLAGS_sync_writes) ? " (sync writes)" : "");
   } else {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "--engine must be rocksdb or memory, got '", engine_name, "'")));
@@ -121,6 +175,9 @@ int main(int argc, char** argv) {
 
   cohort::server::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.max_connections = RaiseFdLimit(absl::GetFlag(FLAGS_max_connections));
+  options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);
+  options.log = [](absl::string_view line) { Log(std::string(line)); };
   options.store_service.watch_buffer_bytes =
       absl::GetFlag(FLAGS_watch_buffer_bytes);
   auto server = cohort::server::CohortServer::Start(std::move(store), options);
@@ -140,6 +197,18 @@ int main(int argc, char** argv) {
   absl::Status drained = (*server)->Drain(absl::GetFlag(FLAGS_shutdown_grace));
   const int64_t final_revision = (*server)->store().revision();
   server->reset();
+  if (absl::IsResourceExhausted(drained)) {
+    // The memtable could not be flushed to a full disk; the write-ahead log
+    // already holds every acknowledged write.
+    Log(absl::StrCat("stopped at revision ", final_revision,
+                     " without "
+                     "flushing to disk (",
+                     drained.message(),
+                     "); every "
+                     "acknowledged write is in the write-ahead log and is "
+                     "replayed at the next start"));
+    return 0;
+  }
   if (!drained.ok()) return Fail(drained);
   Log(absl::StrCat("stopped cleanly at revision ", final_revision));
   return 0;

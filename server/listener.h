@@ -1,0 +1,78 @@
+// Listener: cohortd's accepting socket, in front of the gRPC server.
+//
+// gRPC 1.51's own listener binds with SO_REUSEPORT, so a second cohortd can
+// bind a running one's port and take half its clients, and after a single
+// accept() failing with EMFILE it never accepts again. This one binds the
+// port exclusively, caps the open connections, rides through running out of
+// file descriptors, and hands every accepted socket to the gRPC server
+// (grpc::AddInsecureChannelFromFd), which serves it as its own.
+#ifndef COHORT_SERVER_LISTENER_H_
+#define COHORT_SERVER_LISTENER_H_
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "grpcpp/server.h"
+
+namespace cohort::server {
+
+struct ListenerOptions {
+  // Connections open at once; one more is answered with an HTTP/2 GOAWAY
+  // saying so, and closed.
+  size_t max_connections = 16384;
+  // Where refusals and fd exhaustion are reported (rate-limited).
+  std::function<void(absl::string_view)> log;
+};
+
+class Listener {
+ public:
+  // Binds HOST:PORT (port 0: a free one) without SO_REUSEPORT. Fails with
+  // UNAVAILABLE naming the address when another process holds it.
+  static absl::StatusOr<std::unique_ptr<Listener>> Bind(
+      const std::string& address, ListenerOptions options);
+
+  // Stops if Stop was not called.
+  ~Listener();
+
+  int port() const { return port_; }
+
+  // Starts accepting on a thread of its own; each connection is served by
+  // `server`, which must outlive Stop().
+  void Start(grpc::Server* server);
+
+  // Closes the listening socket and joins the thread; connections already
+  // handed over stay with the gRPC server. Idempotent.
+  void Stop();
+
+ private:
+  Listener(int fd, int port, ListenerOptions options);
+  void AcceptLoop();
+  // Connections handed over that are still open (gRPC closes them itself;
+  // a tracked fd whose inode changed was closed and reused).
+  size_t CountOpen();
+  void Refuse(int fd, absl::string_view why);
+  void LogLimited(absl::string_view message);
+
+  const int fd_;
+  const int port_;
+  const ListenerOptions options_;
+  int wake_[2] = {-1, -1};
+  int spare_fd_ = -1;
+  std::thread thread_;
+  grpc::Server* server_ = nullptr;
+  // fd -> inode of the sockets handed to gRPC. Only the accept thread
+  // touches it.
+  absl::flat_hash_map<int, uint64_t> open_;
+  int64_t last_log_ns_ = 0;
+  size_t suppressed_ = 0;
+};
+
+}  // namespace cohort::server
+
+#endif  // COHORT_SERVER_LISTENER_H_
