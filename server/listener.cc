@@ -39,11 +39,11 @@ void AppendFrameHeader(std::string& out, size_t length, uint8_t type) {
   out.append(4, '\0');
 }
 
-// The server's connection preface (an empty SETTINGS frame) and a GOAWAY
-// carrying `why`, so a gRPC client reports the reason instead of a reset.
+// A GOAWAY carrying `why`, in place of the server's connection preface: the
+// connection never becomes ready, so the client fails the call at once
+// (rather than retrying it transparently, as it would a refused stream).
 std::string GoawayBytes(absl::string_view why) {
   std::string out;
-  AppendFrameHeader(out, 0, /*SETTINGS=*/0x4);
   AppendFrameHeader(out, 8 + why.size(), /*GOAWAY=*/0x7);
   out.append(4, '\0');                          // Last stream id 0.
   out.append({0, 0, 0, /*REFUSED_STREAM=*/7});  // Error code.

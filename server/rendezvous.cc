@@ -13,23 +13,29 @@ constexpr absl::string_view kRunsPrefix = "/cohort/runs/";
 constexpr absl::Duration kDefaultJoinTimeout = absl::Seconds(600);
 constexpr absl::Duration kDefaultLastCall = absl::Seconds(30);
 
+// Bounds that keep every rank an int32 with room to spare.
+constexpr int32_t kMaxLocalWorldSize = 1 << 16;
+constexpr int64_t kMaxWorldSize = 1 << 24;
+
 absl::Status ValidateRequest(const v1::JoinRequest& req) {
-  for (auto [what, id] : {std::pair<const char*, const std::string*>{
-                              "run_id", &req.run_id()},
-                          {"node_id", &req.node_id()}}) {
+  for (auto [what, id] :
+       {std::pair<const char*, const std::string*>{"run_id", &req.run_id()},
+        {"node_id", &req.node_id()}}) {
     if (id->empty() || absl::StrContains(*id, '/') || id->size() > 512) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, " '", *id, "' must be 1 to 512 bytes with no '/'"));
     }
   }
-  if (req.local_world_size() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "local_world_size must be >= 1, got ", req.local_world_size()));
+  if (req.local_world_size() < 1 ||
+      req.local_world_size() > kMaxLocalWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_world_size must be 1 to ", kMaxLocalWorldSize,
+                     ", got ", req.local_world_size()));
   }
   if (req.min_nodes() < 1 || req.max_nodes() < req.min_nodes()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("need 1 <= min_nodes <= max_nodes, got min_nodes=",
-                     req.min_nodes(), " max_nodes=", req.max_nodes()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "need 1 <= min_nodes <= max_nodes, got min_nodes=", req.min_nodes(),
+        " max_nodes=", req.max_nodes()));
   }
   if (req.join_timeout_ms() < 0 || req.last_call_timeout_ms() < 0) {
     return absl::InvalidArgumentError(
@@ -119,6 +125,19 @@ Rendezvous::JoinId Rendezvous::Join(const v1::JoinRequest& req,
           run.record.max_nodes(), " but node '", req.node_id(), "' asked for ",
           req.min_nodes(), ":", req.max_nodes()));
     }
+    if (error.ok()) {
+      int64_t world = req.local_world_size();
+      for (const auto& [node_id, pending] : run.collecting) {
+        if (node_id != req.node_id()) world += pending.node.local_world_size();
+      }
+      if (world > kMaxWorldSize) {
+        error = absl::InvalidArgumentError(
+            absl::StrCat("node '", req.node_id(), "' with local_world_size ",
+                         req.local_world_size(), " would make run '",
+                         req.run_id(), "' a world of ", world,
+                         " ranks, over the limit of ", kMaxWorldSize));
+      }
+    }
     if (!error.ok()) {
       deferred.push_back([done = std::move(done), error] { done(error); });
     } else {
@@ -143,11 +162,10 @@ Rendezvous::JoinId Rendezvous::Join(const v1::JoinRequest& req,
       pending.timeout = req.join_timeout_ms() > 0
                             ? absl::Milliseconds(req.join_timeout_ms())
                             : kDefaultJoinTimeout;
-      pending.timer = timer_.Schedule(
-          absl::Now() + pending.timeout,
-          [this, run_id = req.run_id(), node_id = req.node_id(), id] {
-            OnJoinTimeout(run_id, node_id, id);
-          });
+      pending.timer =
+          timer_.Schedule(absl::Now() + pending.timeout,
+                          [this, run_id = req.run_id(), node_id = req.node_id(),
+                           id] { OnJoinTimeout(run_id, node_id, id); });
       const int n = static_cast<int>(run.collecting.size());
       if (n >= run.record.max_nodes()) {
         CompleteLocked(req.run_id(), run, deferred);
@@ -156,7 +174,9 @@ Rendezvous::JoinId Rendezvous::Join(const v1::JoinRequest& req,
         const int64_t round = CollectingRound(run);
         run.last_call = timer_.Schedule(
             absl::Now() + absl::Milliseconds(run.record.last_call_timeout_ms()),
-            [this, run_id = req.run_id(), round] { OnLastCall(run_id, round); });
+            [this, run_id = req.run_id(), round] {
+              OnLastCall(run_id, round);
+            });
       }
     }
   }

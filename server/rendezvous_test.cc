@@ -1,5 +1,6 @@
 #include "server/rendezvous.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -139,10 +140,31 @@ TEST_F(RendezvousTest, BadRequestsAndConfigMismatch) {
   EXPECT_THAT(other.result.status().message(), HasSubstr("2:3"));
 }
 
+// Two joins of 2^31-1 processes each once made a world of -2.
+TEST_F(RendezvousTest, WorldSizesThatWouldOverflowAreRefused) {
+  Joiner& huge = Join(Request("a", 2, 2, 2147483647));
+  EXPECT_EQ(huge.result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(huge.result.status().message(),
+              HasSubstr("local_world_size must be 1 to 65536"));
+
+  // Within the per-node bound, the sum is bounded too.
+  std::vector<Joiner*> ok;
+  for (int i = 0; i < 256; ++i) {
+    ok.push_back(&Join(Request(absl::StrCat("n", 1000 + i), 300, 300, 65536)));
+  }
+  Joiner& over = Join(Request("z", 300, 300, 65536));
+  ASSERT_TRUE(over.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(over.result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      over.result.status().message(),
+      HasSubstr("a world of 16842752 ranks, over the limit of 16777216"));
+  for (Joiner* j : ok) EXPECT_FALSE(j->done.HasBeenNotified());
+}
+
 TEST_F(RendezvousTest, CompletedRoundsSurviveARestart) {
   Join(Request("a", 1, 1));
-  ASSERT_TRUE(joiners_.back()->done.WaitForNotificationWithTimeout(
-      absl::Seconds(5)));
+  ASSERT_TRUE(
+      joiners_.back()->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
   Rendezvous reloaded(&store_);
   absl::StatusOr<v1::RunState> state = reloaded.GetRunState("job");
   ASSERT_TRUE(state.ok()) << state.status();

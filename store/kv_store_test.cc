@@ -111,8 +111,7 @@ TEST_P(KvStoreTest, AddOnNonIntegerIsAClearError) {
 
 TEST_P(KvStoreTest, AddOverflowIsOutOfRange) {
   ASSERT_TRUE(store_->Add("n", INT64_MAX).ok());
-  EXPECT_EQ(store_->Add("n", 1).status().code(),
-            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(store_->Add("n", 1).status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(*Get("n"), absl::StrCat(INT64_MAX));
 }
 
@@ -166,7 +165,8 @@ TEST_P(KvStoreTest, CheckDeleteAndNumKeys) {
 
 TEST_P(KvStoreTest, MultiSetIsOneRevisionAndMultiGetReadsInOrder) {
   const int64_t before = store_->revision();
-  ASSERT_TRUE(store_->MultiSet({"x", "y", "z", "x"}, {"1", "2", "3", "4"}).ok());
+  ASSERT_TRUE(
+      store_->MultiSet({"x", "y", "z", "x"}, {"1", "2", "3", "4"}).ok());
   EXPECT_EQ(store_->revision(), before + 1);
   EXPECT_EQ(store_->NumKeys()->num_keys, 3);
   absl::StatusOr<ReadResult> r = Read({"z", "x", "y"});
@@ -262,9 +262,9 @@ TEST_P(KvStoreTest, WaitSeesAllKeysPresentTogether) {
 
 TEST_P(KvStoreTest, CancelledWaitNeverCompletes) {
   std::atomic<bool> called{false};
-  KvStore::WaitId id = store_->WaitForKeys(
-      {"k"}, true, absl::Milliseconds(30),
-      [&](absl::StatusOr<ReadResult>) { called = true; });
+  KvStore::WaitId id =
+      store_->WaitForKeys({"k"}, true, absl::Milliseconds(30),
+                          [&](absl::StatusOr<ReadResult>) { called = true; });
   ASSERT_NE(id, 0u);
   store_->CancelWait(id);
   ASSERT_TRUE(store_->Set("k", "v").ok());
@@ -281,11 +281,12 @@ TEST_P(KvStoreTest, ShutdownEndsWaitersAndWatchers) {
                         waited.Notify();
                       });
   ASSERT_TRUE(store_
-                  ->Watch("", 0, [](std::vector<Event>) {},
-                          [&](absl::Status s) {
-                            close_status = s;
-                            closed.Notify();
-                          })
+                  ->Watch(
+                      "", 0, [](std::vector<Event>) {},
+                      [&](absl::Status s) {
+                        close_status = s;
+                        closed.Notify();
+                      })
                   .ok());
   store_->Shutdown(absl::UnavailableError("draining"));
   ASSERT_TRUE(waited.HasBeenNotified());
@@ -310,8 +311,8 @@ TEST_P(KvStoreTest, EightThreadsAddExactly) {
 }
 
 TEST_P(KvStoreTest, LimitsAreEnforcedAndNamed) {
-  store_ = Open({.max_key_bytes = 8, .max_value_bytes = 16,
-                 .max_keys_per_call = 3});
+  store_ =
+      Open({.max_key_bytes = 8, .max_value_bytes = 16, .max_keys_per_call = 3});
   auto expect_invalid = [](absl::Status s, absl::string_view needle) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_THAT(s.message(), HasSubstr(needle));
@@ -375,15 +376,73 @@ TEST_P(KvStoreTest, WatchResumesFromARevision) {
   EXPECT_THAT(values, ElementsAre("2", "3", "4"));
 }
 
+// A watch from a revision not reached yet once got every change after now.
+TEST_P(KvStoreTest, WatchFromAFutureRevisionStartsThere) {
+  const int64_t now = *store_->Set("a", "1");
+  std::vector<int64_t> revisions;
+  auto start = store_->Watch(
+      "", now + 3,
+      [&](std::vector<Event> events) {
+        for (auto& e : events) revisions.push_back(e.revision);
+      },
+      [](absl::Status) {});
+  ASSERT_TRUE(start.ok());
+  EXPECT_EQ(start->start_revision, now + 3);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(store_->Set("a", "x").ok());
+  EXPECT_THAT(revisions, ElementsAre(now + 3, now + 4));
+  auto far = store_->Watch(
+      "", int64_t{1} << 62, [&](std::vector<Event>) { ADD_FAILURE(); },
+      [](absl::Status) {});
+  ASSERT_TRUE(far.ok());
+  ASSERT_TRUE(store_->Set("a", "y").ok());
+}
+
+// Existence checks are answered from memory and long waits are indexed in
+// slices: a 131,072-key wait against a store whose 8 MiB values were
+// flushed to disk once held the lock for minutes. Bounds here are loose
+// (10x); bench/store_bench --mode=big_wait measures it.
+TEST_P(KvStoreTest, HugeWaitTimesOutOnTimeWhileSetsGoOn) {
+  StoreLimits limits;
+  store_ = Open(limits);
+  const std::string big(8 << 20, 'v');
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(store_->Set(absl::StrCat("big/", i), big).ok());
+  }
+  ASSERT_TRUE(store_->Flush().ok());
+  std::vector<std::string> keys;
+  for (int i = 0; i < 131072; ++i) keys.push_back(absl::StrCat("missing/", i));
+  std::atomic<bool> done{false};
+  absl::Duration slowest_set;
+  std::thread setter([&] {
+    for (int i = 0; !done; ++i) {
+      const absl::Time t = absl::Now();
+      ASSERT_TRUE(store_->Set(absl::StrCat("s/", i % 100), "x").ok());
+      slowest_set = std::max(slowest_set, absl::Now() - t);
+    }
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<ReadResult> r =
+      Read(std::move(keys), absl::Seconds(1), /*read_values=*/false);
+  const absl::Duration took = absl::Now() - start;
+  done = true;
+  setter.join();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(r.status().message(), HasSubstr("131072 of 131072 keys"));
+  EXPECT_LT(took, absl::Seconds(10));
+  EXPECT_LT(slowest_set, absl::Seconds(1));
+}
+
 TEST_P(KvStoreTest, WatchFromCompactedRevisionIsOutOfRange) {
   store_ = Open({.history_events = 4});
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(store_->Set("k", "v").ok());
-  auto start = store_->Watch("", 1, [](std::vector<Event>) {},
-                             [](absl::Status) {});
+  auto start = store_->Watch(
+      "", 1, [](std::vector<Event>) {}, [](absl::Status) {});
   EXPECT_EQ(start.status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_THAT(start.status().message(), HasSubstr("list the keys"));
-  EXPECT_TRUE(store_->Watch("", store_->revision() - 2,
-                            [](std::vector<Event>) {}, [](absl::Status) {})
+  EXPECT_TRUE(store_
+                  ->Watch(
+                      "", store_->revision() - 2, [](std::vector<Event>) {},
+                      [](absl::Status) {})
                   .ok());
 }
 

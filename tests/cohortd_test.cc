@@ -1,7 +1,11 @@
 // cohortd as a real process: durability across kill -9, restarts, thread
 // usage under many blocked calls, health, reflection and SIGTERM draining.
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <thread>
@@ -20,9 +24,9 @@
 namespace cohort {
 namespace {
 
+using testing::CohortdProcess;
 using ::testing::Contains;
 using ::testing::HasSubstr;
-using testing::CohortdProcess;
 
 std::string FreshDir(const std::string& name) {
   auto dir = std::filesystem::path(::testing::TempDir()) / name;
@@ -47,7 +51,8 @@ TEST(CohortdTest, AcknowledgedWritesSurviveKill9) {
   {
     std::unique_ptr<RemoteStore> store = Client(server->address());
     for (int i = 0; i < 500; ++i) {
-      ASSERT_TRUE(store->Set(absl::StrCat("key/", i), absl::StrCat("v", i)).ok());
+      ASSERT_TRUE(
+          store->Set(absl::StrCat("key/", i), absl::StrCat("v", i)).ok());
       ASSERT_TRUE(store->Add("counter", 3).ok());
     }
     ASSERT_TRUE(store->MultiSet({"m/a", "m/b"}, {"1", "2"}).ok());
@@ -163,11 +168,12 @@ TEST(CohortdTest, TwoThousandBlockedGetsHoldNoThreads) {
     auto all_done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) {
       return done == kCalls;
     };
-    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all_done),
-                                    absl::Seconds(60)));
+    EXPECT_TRUE(
+        mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Seconds(60)));
   }
   for (int i = 0; i < kCalls; ++i) {
-    ASSERT_TRUE(calls[i].status.ok()) << i << ": " << calls[i].status.error_message();
+    ASSERT_TRUE(calls[i].status.ok())
+        << i << ": " << calls[i].status.error_message();
     EXPECT_EQ(calls[i].resp.value(), absl::StrCat("addr-", i));
   }
 }
@@ -250,6 +256,95 @@ TEST(CohortdTest, BadFlagsFailWithAClearMessage) {
   auto second = CohortdProcess::Start({"--data_dir=" + dir});
   ASSERT_FALSE(second.ok());
   EXPECT_THAT(second.status().message(), HasSubstr(dir));
+}
+
+// Plain TCP connections to 127.0.0.1:port (they count as clients: cohortd
+// hands each to gRPC, which holds it open).
+std::vector<int> OpenConnections(int port, int n) {
+  std::vector<int> fds;
+  for (int i = 0; i < n; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) ==
+        0) {
+      fds.push_back(fd);
+    } else {
+      close(fd);
+    }
+  }
+  return fds;
+}
+
+grpc::Status TrySet(const std::string& address, const std::string& key) {
+  auto stub = v1::Store::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  v1::SetRequest req;
+  req.set_key(key);
+  req.set_value("v");
+  v1::SetResponse resp;
+  return stub->Set(&ctx, req, &resp);
+}
+
+// gRPC's default listener set SO_REUSEPORT: a second cohortd could bind a
+// running one's port and split its clients between two stores.
+TEST(CohortdTest, ASecondCohortdOnTheSamePortIsRefused) {
+  auto first = CohortdProcess::Start({"--data_dir=" + FreshDir("port_a")});
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = CohortdProcess::Start({"--data_dir=" + FreshDir("port_b")},
+                                      first->port());
+  ASSERT_FALSE(second.ok()) << "two cohortds serve port " << first->port();
+  EXPECT_THAT(
+      second.status().message(),
+      HasSubstr(absl::StrCat("cannot listen on 127.0.0.1:", first->port())));
+  EXPECT_THAT(second.status().message(), HasSubstr("Address already in use"));
+  // The first one still serves, alone.
+  EXPECT_TRUE(TrySet(first->address(), "k").ok());
+}
+
+TEST(CohortdTest, ConnectionsOverTheCapAreRefusedWithAReason) {
+  auto server =
+      CohortdProcess::Start({"--engine=memory", "--max_connections=8"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<int> held = OpenConnections(server->port(), 8);
+  ASSERT_EQ(held.size(), 8u);
+  absl::SleepFor(absl::Milliseconds(300));  // Let the listener take them.
+  grpc::Status refused = TrySet(server->address(), "k");
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << refused.error_message();
+  EXPECT_THAT(server->Log(), HasSubstr("too many connections (8 open"));
+  for (int fd : held) close(fd);
+  // Closed connections are noticed: new clients get in again.
+  bool served = false;
+  for (int i = 0; i < 50 && !served; ++i) {
+    served = TrySet(server->address(), "k").ok();
+    if (!served) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(served);
+}
+
+// gRPC 1.51's listener stopped accepting for good after one EMFILE.
+TEST(CohortdTest, AcceptingResumesAfterRunningOutOfFileDescriptors) {
+  auto server = CohortdProcess::Start({"--engine=memory"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  struct rlimit tiny = {64, 64};
+  ASSERT_EQ(prlimit(server->pid(), RLIMIT_NOFILE, &tiny, nullptr), 0)
+      << strerror(errno);
+  std::vector<int> flood = OpenConnections(server->port(), 100);
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_THAT(server->Log(), HasSubstr("out of file descriptors"));
+  for (int fd : flood) close(fd);
+  bool served = false;
+  for (int i = 0; i < 50 && !served; ++i) {
+    served = TrySet(server->address(), "k").ok();
+    if (!served) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(served) << server->Log();
+  ASSERT_EQ(kill(server->pid(), 0), 0) << "cohortd died";
 }
 
 }  // namespace
