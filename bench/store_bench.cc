@@ -47,6 +47,12 @@ ABSL_FLAG(int, clients, 1, "--mode=ops: client threads");
 ABSL_FLAG(int, ops, 20000, "--mode=ops: operations per client and op kind");
 ABSL_FLAG(int, value_bytes, 64, "--mode=ops: bytes per value");
 ABSL_FLAG(int, ranks, 128, "--mode=init_storm: simulated ranks");
+ABSL_FLAG(int, wait_keys, 131072, "--mode=big_wait: keys in the one Wait");
+ABSL_FLAG(int, big_values, 8,
+          "--mode=big_wait: 8 MiB values written first (enough to make "
+          "RocksDB flush them to disk)");
+ABSL_FLAG(absl::Duration, wait_timeout, absl::Seconds(2),
+          "--mode=big_wait: timeout of the big Wait");
 ABSL_FLAG(std::string, storm_gets, "multi",
           "--mode=init_storm: multi (one MultiGet of all peers per rank) or "
           "single (one Get per peer, as Gloo over TCPStore does)");
@@ -327,15 +333,133 @@ absl::Status RunInitStorm(const Target& target) {
   return absl::OkStatus();
 }
 
+// `clients` threads each Set in a loop, timing every call, until `stop`.
+class SetLoad {
+ public:
+  SetLoad(const Target& target,
+          std::vector<std::unique_ptr<RemoteStore>>& clients)
+      : latencies_(clients.size()) {
+    for (size_t c = 0; c < clients.size(); ++c) {
+      threads_.emplace_back([&, c] {
+        const std::string key = absl::StrCat(target.prefix(), "load/", c);
+        while (!stop_) {
+          const absl::Time t0 = absl::Now();
+          absl::Status s = clients[c]->Set(key, "x");
+          latencies_[c].push_back(absl::Now() - t0);
+          if (!s.ok()) ++errors_;
+        }
+      });
+    }
+  }
+
+  // Stops the load; prints what the sets saw.
+  void StopAndPrint(absl::string_view phase) {
+    stop_ = true;
+    for (std::thread& t : threads_) t.join();
+    std::vector<absl::Duration> all;
+    for (auto& l : latencies_) all.insert(all.end(), l.begin(), l.end());
+    const size_t n = all.size();
+    absl::PrintF(
+        "cohort big-wait %s: concurrent sets=%d errors=%d p50_ms=%.2f "
+        "p99_ms=%.2f max_ms=%.2f\n",
+        phase, n, errors_.load(),
+        absl::ToDoubleMilliseconds(Quantile(all, 0.5)),
+        absl::ToDoubleMilliseconds(Quantile(all, 0.99)),
+        absl::ToDoubleMilliseconds(Quantile(all, 1.0)));
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<int> errors_{0};
+  std::vector<std::vector<absl::Duration>> latencies_;
+  std::vector<std::thread> threads_;
+};
+
+// issue 9's large wait: a store holding 8 MiB values (flushed to disk), one
+// Wait on --wait_keys missing keys, and Sets from --clients threads all the
+// while. First the wait times out; then it waits again while the keys are
+// written, and completes.
+absl::Status RunBigWait(const Target& target) {
+  const int n = absl::GetFlag(FLAGS_wait_keys);
+  const absl::Duration timeout = absl::GetFlag(FLAGS_wait_timeout);
+  absl::StatusOr<std::vector<std::unique_ptr<RemoteStore>>> stores =
+      ConnectClients(target.address(), absl::GetFlag(FLAGS_clients) + 1);
+  if (!stores.ok()) return stores.status();
+  RemoteStore& waiter = *stores->back();
+  std::vector<std::unique_ptr<RemoteStore>> loaders;
+  for (size_t i = 0; i + 1 < stores->size(); ++i) {
+    loaders.push_back(std::move((*stores)[i]));
+  }
+  const std::string big(8 << 20, 'v');
+  for (int i = 0; i < absl::GetFlag(FLAGS_big_values); ++i) {
+    if (absl::Status s =
+            waiter.Set(absl::StrCat(target.prefix(), "big/", i), big);
+        !s.ok()) {
+      return s;
+    }
+  }
+  std::vector<std::string> keys;
+  keys.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    keys.push_back(absl::StrCat(target.prefix(), "wait/", i));
+  }
+
+  {
+    SetLoad load(target, loaders);
+    const absl::Time t0 = absl::Now();
+    absl::Status s = waiter.Wait(keys, timeout);
+    const absl::Duration took = absl::Now() - t0;
+    load.StopAndPrint("timeout");
+    absl::PrintF(
+        "cohort big-wait timeout: keys=%d timeout_s=%.1f took_s=%.3f "
+        "late_ms=%.1f status=%s\n",
+        n, absl::ToDoubleSeconds(timeout), absl::ToDoubleSeconds(took),
+        absl::ToDoubleMilliseconds(took - timeout),
+        absl::StatusCodeToString(s.code()));
+  }
+  {
+    SetLoad load(target, loaders);
+    absl::Status waited;
+    absl::Time done_at;
+    std::thread t([&] {
+      waited = waiter.Wait(keys, absl::Seconds(120));
+      done_at = absl::Now();
+    });
+    constexpr int kBatch = 4096;
+    const absl::Time t0 = absl::Now();
+    absl::Time last_set;
+    for (int i = 0; i < n; i += kBatch) {
+      const int end = std::min(n, i + kBatch);
+      std::vector<std::string> batch(keys.begin() + i, keys.begin() + end);
+      std::vector<std::string> values(batch.size(), "1");
+      if (absl::Status s = loaders.front()->MultiSet(batch, values); !s.ok()) {
+        t.join();
+        return s;
+      }
+      last_set = absl::Now();
+    }
+    t.join();
+    load.StopAndPrint("complete");
+    absl::PrintF(
+        "cohort big-wait complete: keys=%d set_all_s=%.3f "
+        "completed_after_last_set_ms=%.1f status=%s\n",
+        n, absl::ToDoubleSeconds(last_set - t0),
+        absl::ToDoubleMilliseconds(done_at - last_set),
+        absl::StatusCodeToString(waited.code()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
   const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode != "ops" && mode != "init_storm") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--mode must be ops or init_storm, got '", mode, "'"));
+  if (mode != "ops" && mode != "init_storm" && mode != "big_wait") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--mode must be ops, init_storm or big_wait, got '", mode, "'"));
   }
   absl::StatusOr<std::unique_ptr<Target>> target =
       Target::Open(absl::GetFlag(FLAGS_addr), absl::GetFlag(FLAGS_engine));
   if (!target.ok()) return target.status();
+  if (mode == "big_wait") return RunBigWait(**target);
   return mode == "ops" ? RunOps(**target) : RunInitStorm(**target);
 }
 
@@ -346,6 +470,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "store_bench --mode=ops --clients=N --ops=M [--value_bytes=B]\n"
       "store_bench --mode=init_storm --ranks=N [--storm_gets=multi|single]\n"
+      "store_bench --mode=big_wait [--wait_keys=131072 --clients=4]\n"
       "Benchmarks cohortd's KV store (in-process unless --addr=HOST:PORT).");
   absl::ParseCommandLine(argc, argv);
   if (absl::Status s = cohort::bench::Run(); !s.ok()) {
