@@ -276,14 +276,19 @@ class RocksDbEngine final : public KvEngine {
   static constexpr uint64_t kResumeFreeBytes = 4 << 20;
 
   // RocksDB stops writing after a failed write; once the cause may be gone,
-  // this lets it start a new WAL and go on.
+  // this lets it start a new WAL and go on. While RocksDB's own recovery
+  // runs (Busy) or space is still short, the original error stands.
   absl::Status Resume() {
     if (failed_.ok()) return failed_;
-    if (absl::Status s = FromRocks(db_->Resume(), "resume"); !s.ok()) {
-      failed_ = s;
-      return s;
+    rocksdb::Status s = db_->Resume();
+    if (s.ok()) {
+      failed_ = absl::OkStatus();
+    } else if (!s.IsBusy() && !absl::IsResourceExhausted(failed_)) {
+      failed_ = FromRocks(s, "resume");
+    } else if (!s.IsBusy()) {
+      absl::Status resumed = FromRocks(s, "resume");
+      if (!absl::IsResourceExhausted(resumed)) failed_ = resumed;
     }
-    failed_ = absl::OkStatus();
     return failed_;
   }
 
