@@ -89,7 +89,10 @@ absl::Status KvStore::ValidateKeys(absl::Span<const std::string> keys) const {
 
 absl::StatusOr<int64_t> KvStore::CommitLocked(std::vector<Mutation> mutations,
                                               Deferred& deferred) {
-  const int64_t revision = revision_ + 1;
+  // The engine may be ahead: a write reported as failed can still have
+  // reached its log and come back when the engine reopened after a full
+  // disk. Revisions never repeat either way.
+  const int64_t revision = std::max(revision_, engine_->revision()) + 1;
   if (absl::Status s = engine_->Apply(mutations, revision); !s.ok()) return s;
   revision_ = revision;
 

@@ -9,6 +9,7 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <memory>
@@ -16,9 +17,12 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "rocksdb/cache.h"
 #include "rocksdb/db.h"
 #include "rocksdb/env.h"
+#include "rocksdb/file_system.h"
 #include "rocksdb/filter_policy.h"
 #include "rocksdb/options.h"
 #include "rocksdb/table.h"
@@ -98,10 +102,29 @@ class ForwardingLogger final : public rocksdb::Logger {
   std::function<void(absl::string_view)> sink_;
 };
 
+// RocksDB's file system, but reporting free space as unknown. RocksDB then
+// leaves recovery from a full disk to cohort (CheckWritable: Resume once
+// space is back) instead of starting its own, which in 7.8 can get stuck
+// after one failed attempt and refuse every Resume as Busy from then on.
+class NoAutoRecoveryFileSystem final : public rocksdb::FileSystemWrapper {
+ public:
+  explicit NoAutoRecoveryFileSystem(std::shared_ptr<rocksdb::FileSystem> fs)
+      : rocksdb::FileSystemWrapper(std::move(fs)) {}
+  static const char* kClassName() { return "NoAutoRecoveryFileSystem"; }
+  const char* Name() const override { return kClassName(); }
+  rocksdb::IOStatus GetFreeSpace(const std::string&, const rocksdb::IOOptions&,
+                                 uint64_t*, rocksdb::IODebugContext*) override {
+    return rocksdb::IOStatus::NotSupported("cohort watches free space itself");
+  }
+};
+
 class RocksDbEngine final : public KvEngine {
  public:
-  RocksDbEngine(std::unique_ptr<rocksdb::DB> db, const RocksDbOptions& options)
-      : db_(std::move(db)),
+  RocksDbEngine(std::unique_ptr<rocksdb::Env> env, rocksdb::Options db_options,
+                std::unique_ptr<rocksdb::DB> db, const RocksDbOptions& options)
+      : env_(std::move(env)),
+        db_options_(std::move(db_options)),
+        db_(std::move(db)),
         path_(options.path),
         min_free_bytes_(options.min_free_bytes) {
     write_options_.sync = options.sync_writes;
@@ -110,6 +133,7 @@ class RocksDbEngine final : public KvEngine {
   ~RocksDbEngine() override {
     // Closing flushes nothing the WAL does not already hold; it only makes
     // the next open faster. After a failed write there is nothing to add.
+    if (db_ == nullptr) return;
     if (failed_.ok()) db_->FlushWAL(/*sync=*/true).PermitUncheckedError();
     db_->Close().PermitUncheckedError();
   }
@@ -137,6 +161,7 @@ class RocksDbEngine final : public KvEngine {
   absl::StatusOr<std::optional<std::string>> Get(
       absl::string_view key) const override {
     if (!keys_.contains(key)) return std::nullopt;
+    if (db_ == nullptr) return failed_;
     std::string value;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), DataKey(key), &value);
     if (s.IsNotFound()) return std::nullopt;
@@ -152,9 +177,18 @@ class RocksDbEngine final : public KvEngine {
       std::vector<std::string> keys) const override {
     class AtSnapshot final : public PreparedRead {
      public:
-      AtSnapshot(rocksdb::DB* db, std::vector<std::string> keys)
-          : db_(db), snapshot_(db->GetSnapshot()), keys_(std::move(keys)) {}
-      ~AtSnapshot() override { db_->ReleaseSnapshot(snapshot_); }
+      AtSnapshot(rocksdb::DB* db, std::vector<std::string> keys,
+                 std::shared_ptr<std::atomic<int>> out)
+          : db_(db),
+            snapshot_(db->GetSnapshot()),
+            keys_(std::move(keys)),
+            out_(std::move(out)) {
+        ++*out_;
+      }
+      ~AtSnapshot() override {
+        db_->ReleaseSnapshot(snapshot_);
+        --*out_;
+      }
 
       absl::StatusOr<std::vector<std::string>> Read() override {
         rocksdb::ReadOptions options;
@@ -171,8 +205,22 @@ class RocksDbEngine final : public KvEngine {
       rocksdb::DB* const db_;
       const rocksdb::Snapshot* const snapshot_;
       const std::vector<std::string> keys_;
+      const std::shared_ptr<std::atomic<int>> out_;
     };
-    return std::make_unique<AtSnapshot>(db_.get(), std::move(keys));
+    if (db_ == nullptr) {
+      class Failed final : public PreparedRead {
+       public:
+        explicit Failed(absl::Status s) : status_(std::move(s)) {}
+        absl::StatusOr<std::vector<std::string>> Read() override {
+          return status_;
+        }
+
+       private:
+        absl::Status status_;
+      };
+      return std::make_unique<Failed>(failed_);
+    }
+    return std::make_unique<AtSnapshot>(db_.get(), std::move(keys), reads_out_);
   }
 
   absl::Status Apply(absl::Span<const Mutation> mutations,
@@ -188,11 +236,15 @@ class RocksDbEngine final : public KvEngine {
       }
     }
     batch.Put(kRevisionKey, EncodeRevision(revision));
-    // Deletes pass on a full disk: they are how space is given back.
+    // After a failed write RocksDB takes no more until it resumes, which is
+    // tried once the space is back.
+    if (!failed_.ok()) {
+      if (absl::Status s = CheckWritable(); !s.ok()) return s;
+    }
+    // Deletes pass the reserve: they are how space is given back.
     if (put_bytes > 0) {
       if (absl::Status s = Admit(put_bytes); !s.ok()) return s;
     }
-    if (absl::Status s = Resume(); !s.ok()) return s;
     rocksdb::Status written = db_->Write(write_options_, &batch);
     if (!written.ok()) {
       failed_ = FromRocks(written, "write");
@@ -219,6 +271,7 @@ class RocksDbEngine final : public KvEngine {
   absl::StatusOr<std::vector<std::string>> ListKeys(
       absl::string_view prefix, absl::string_view start_after,
       size_t limit) const override {
+    if (db_ == nullptr) return failed_;
     std::vector<std::string> keys;
     rocksdb::ReadOptions keys_only;
     keys_only.fill_cache = false;
@@ -245,6 +298,7 @@ class RocksDbEngine final : public KvEngine {
 
   absl::Status Flush() override {
     if (absl::Status s = CheckWritable(); !s.ok()) return s;
+    if (db_ == nullptr) return failed_;
     if (absl::Status s = FromRocks(db_->FlushWAL(/*sync=*/true), "flush wal");
         !s.ok()) {
       return s;
@@ -280,16 +334,52 @@ class RocksDbEngine final : public KvEngine {
   // runs (Busy) or space is still short, the original error stands.
   absl::Status Resume() {
     if (failed_.ok()) return failed_;
-    rocksdb::Status s = db_->Resume();
+    const bool writable = db_ != nullptr && !read_only_;
+    // Busy: RocksDB is recovering by itself, or nothing was tried.
+    rocksdb::Status s = writable ? db_->Resume() : rocksdb::Status::Busy();
+    // RocksDB 7.8 cannot always resume after a failed WAL write; reopening
+    // replays the WAL, which holds every acknowledged write. At most once a
+    // second, and not while a read holds a snapshot.
+    const absl::Time now = absl::Now();
+    if (!s.ok() && (!s.IsBusy() || !writable) && *reads_out_ == 0 &&
+        now - last_reopen_ >= absl::Seconds(1)) {
+      last_reopen_ = now;
+      s = Reopen();
+    }
     if (s.ok()) {
       failed_ = absl::OkStatus();
-    } else if (!s.IsBusy() && !absl::IsResourceExhausted(failed_)) {
-      failed_ = FromRocks(s, "resume");
     } else if (!s.IsBusy()) {
+      // Still out of space: the original error stands; anything else
+      // replaces it.
       absl::Status resumed = FromRocks(s, "resume");
       if (!absl::IsResourceExhausted(resumed)) failed_ = resumed;
     }
     return failed_;
+  }
+
+  // Closes and opens the database again, reloading keys and revision.
+  // REQUIRES: no PreparedRead is out.
+  rocksdb::Status Reopen() {
+    if (db_ != nullptr) db_->Close().PermitUncheckedError();
+    db_.reset();
+    rocksdb::DB* raw = nullptr;
+    rocksdb::Status s = rocksdb::DB::Open(db_options_, path_, &raw);
+    if (!s.ok()) {
+      // Reads go on from a read-only instance until a later Reopen works.
+      rocksdb::DB* read_only = nullptr;
+      if (rocksdb::DB::OpenForReadOnly(db_options_, path_, &read_only).ok()) {
+        db_.reset(read_only);
+        read_only_ = true;
+      }
+      return s;
+    }
+    read_only_ = false;
+    db_.reset(raw);
+    keys_.clear();
+    if (absl::Status loaded = Load(); !loaded.ok()) {
+      return rocksdb::Status::IOError(std::string(loaded.message()));
+    }
+    return s;
   }
 
   absl::Status FromRocks(const rocksdb::Status& s,
@@ -304,8 +394,9 @@ class RocksDbEngine final : public KvEngine {
     const int64_t free = FreeBytes(path_);
     if (free < 0) return absl::OkStatus();  // Unknown: let RocksDB decide.
     uint64_t unflushed = 0;
-    db_->GetIntProperty(rocksdb::DB::Properties::kCurSizeAllMemTables,
-                        &unflushed);
+    if (db_ != nullptr)
+      db_->GetIntProperty(rocksdb::DB::Properties::kCurSizeAllMemTables,
+                          &unflushed);
     const uint64_t needed = min_free_bytes_ + unflushed + bytes;
     if (static_cast<uint64_t>(free) >= needed) return absl::OkStatus();
     needed_free_ = std::max(needed_free_, needed);
@@ -323,7 +414,14 @@ class RocksDbEngine final : public KvEngine {
         "keys still works)"));
   }
 
+  // The DB's Env: declared first so that it outlives the DB.
+  std::unique_ptr<rocksdb::Env> env_;
+  const rocksdb::Options db_options_;
   std::unique_ptr<rocksdb::DB> db_;
+  // PreparedReads not yet destroyed: each holds a snapshot of db_, so db_
+  // is not reopened while any is out.
+  std::shared_ptr<std::atomic<int>> reads_out_ =
+      std::make_shared<std::atomic<int>>(0);
   const std::string path_;
   const uint64_t min_free_bytes_;
   rocksdb::WriteOptions write_options_;
@@ -332,6 +430,9 @@ class RocksDbEngine final : public KvEngine {
   // The error of the last failed write; RocksDB refuses writes after it
   // until Resume().
   absl::Status failed_;
+  // Set while db_ is a read-only instance, after a reopen failed.
+  bool read_only_ = false;
+  absl::Time last_reopen_ = absl::InfinitePast();
   // While nonzero, writes are known not to fit: health stays NOT_SERVING
   // until this many bytes are free.
   uint64_t needed_free_ = 0;
@@ -343,7 +444,11 @@ absl::StatusOr<std::unique_ptr<KvEngine>> OpenRocksDbEngine(
     const RocksDbOptions& options) {
   rocksdb::Options db_options;
   db_options.create_if_missing = true;
-  if (options.env != nullptr) db_options.env = options.env;
+  rocksdb::Env* base =
+      options.env != nullptr ? options.env : rocksdb::Env::Default();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(
+      std::make_shared<NoAutoRecoveryFileSystem>(base->GetFileSystem()));
+  db_options.env = env.get();
   db_options.info_log = std::make_shared<ForwardingLogger>(
       options.log ? options.log : [](absl::string_view line) {
         std::fprintf(stderr, "rocksdb: %.*s\n", static_cast<int>(line.size()),
@@ -383,7 +488,7 @@ absl::StatusOr<std::unique_ptr<KvEngine>> OpenRocksDbEngine(
             : std::string()));
   }
   auto engine = std::make_unique<RocksDbEngine>(
-      std::unique_ptr<rocksdb::DB>(raw), options);
+      std::move(env), db_options, std::unique_ptr<rocksdb::DB>(raw), options);
   if (absl::Status st = engine->Load(); !st.ok()) return st;
   return engine;
 }

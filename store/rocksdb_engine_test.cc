@@ -149,6 +149,7 @@ TEST(RocksDbEngineTest, FullDiskIsResourceExhaustedAndWritesResumeAfter) {
     absl::Status writable;
     for (int i = 0; i < 100; ++i) {
       writable = store.CheckWritable();
+
       if (writable.ok()) break;
       absl::SleepFor(absl::Milliseconds(100));
     }
