@@ -347,5 +347,58 @@ TEST(CohortdTest, AcceptingResumesAfterRunningOutOfFileDescriptors) {
   ASSERT_EQ(kill(server->pid(), 0), 0) << "cohortd died";
 }
 
+// HTTP/2 bytes for one call whose `name` header carries `value`.
+std::string CallWithHeader(absl::string_view name, absl::string_view value) {
+  auto frame = [](uint8_t type, uint8_t flags, absl::string_view payload) {
+    std::string f;
+    f.push_back(static_cast<char>((payload.size() >> 16) & 0xff));
+    f.push_back(static_cast<char>((payload.size() >> 8) & 0xff));
+    f.push_back(static_cast<char>(payload.size() & 0xff));
+    f.push_back(static_cast<char>(type));
+    f.push_back(static_cast<char>(flags));
+    f.append({0, 0, 0, 1});
+    f.append(payload.data(), payload.size());
+    return f;
+  };
+  auto literal = [](absl::string_view n, absl::string_view v) {
+    return absl::StrCat(std::string(1, '\0'),
+                        std::string(1, static_cast<char>(n.size())), n,
+                        std::string(1, static_cast<char>(v.size())), v);
+  };
+  std::string settings = frame(4, 0, "");
+  settings[8] = 0;  // Stream 0.
+  return absl::StrCat(
+      "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", settings,
+      frame(1, 0x4,
+            absl::StrCat(literal(":method", "POST"), literal(":scheme", "http"),
+                         literal(":path", "/cohort.v1.Store/Set"),
+                         literal(":authority", "x"),
+                         literal("content-type", "application/grpc"),
+                         literal("te", "trailers"), literal(name, value))));
+}
+
+// gRPC logs a header it cannot parse, value and all: what a peer sends
+// must reach the log escaped, never as raw terminal control bytes.
+TEST(CohortdTest, PeerBytesReachTheLogEscaped) {
+  auto server = CohortdProcess::Start({"--engine=memory"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  for (absl::string_view name : {"grpc-timeout", "content-type"}) {
+    std::vector<int> fds = OpenConnections(server->port(), 1);
+    ASSERT_EQ(fds.size(), 1u);
+    const std::string bytes = CallWithHeader(name, "\x1b[31mred\x07");
+    ASSERT_EQ(write(fds[0], bytes.data(), bytes.size()),
+              static_cast<ssize_t>(bytes.size()));
+    absl::SleepFor(absl::Milliseconds(200));
+    close(fds[0]);
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  const std::string log = server->Log();
+  EXPECT_THAT(log, HasSubstr("Error parsing metadata"));
+  EXPECT_THAT(log, HasSubstr("\\x1b[31mred"));
+  EXPECT_EQ(log.find('\x1b'), std::string::npos) << log;
+  EXPECT_EQ(log.find('\x07'), std::string::npos) << log;
+  EXPECT_TRUE(TrySet(server->address(), "still-serving").ok());
+}
+
 }  // namespace
 }  // namespace cohort
