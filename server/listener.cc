@@ -11,7 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -79,9 +81,19 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::Bind(
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot resolve listen address '", address, "': ", gai_strerror(rc)));
   }
+  // IPv4 first: "localhost" then binds 127.0.0.1, which every client
+  // reaches (one over ::1 falls back to it).
+  std::vector<struct addrinfo*> candidates;
+  for (struct addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    candidates.push_back(ai);
+  }
+  std::stable_partition(
+      candidates.begin(), candidates.end(),
+      [](struct addrinfo* ai) { return ai->ai_family == AF_INET; });
   std::string errors;
   int fd = -1;
-  for (struct addrinfo* ai = found; ai != nullptr && fd < 0; ai = ai->ai_next) {
+  for (struct addrinfo* ai : candidates) {
+    if (fd >= 0) break;
     int s = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
     if (s < 0) continue;
     // SO_REUSEADDR lets a restarted cohortd bind over its predecessor's
