@@ -82,6 +82,8 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   {
     absl::MutexLock lock(&server->health_mu_);
     server->SetServing(true, absl::OkStatus());
+    server->server_->GetHealthCheckService()->SetServingStatus(kLivenessService,
+                                                               true);
   }
   server->health_thread_ =
       std::thread([s = server.get(), interval = options.health_interval] {
@@ -131,6 +133,7 @@ absl::Status CohortServer::Drain(absl::Duration grace) {
     absl::MutexLock lock(&health_mu_);
     stopping_ = true;
     SetServing(false, absl::OkStatus());
+    server_->GetHealthCheckService()->SetServingStatus(kLivenessService, false);
   }
   if (health_thread_.joinable()) health_thread_.join();
   listener_->Stop();

@@ -46,6 +46,12 @@ struct ServerOptions {
   std::function<void(absl::string_view)> log;
 };
 
+// A grpc.health.v1 service name that is SERVING from start to drain, whatever
+// the disk: what a liveness probe should ask, so that a full disk (which
+// turns "" and the cohort services NOT_SERVING) does not get cohortd
+// restarted.
+inline constexpr char kLivenessService[] = "liveness";
+
 class CohortServer {
  public:
   // Starts serving `store` (and the coordination state it holds) and marks

@@ -96,14 +96,15 @@ class DiskFullTest : public ::testing::Test {
   }
 
   grpc::health::v1::HealthCheckResponse::ServingStatus Health(
-      const CohortdProcess& server) {
+      const CohortdProcess& server,
+      const std::string& service = "cohort.v1.Store") {
     auto health = grpc::health::v1::Health::NewStub(grpc::CreateChannel(
         server.address(), grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::seconds(5));
     grpc::health::v1::HealthCheckRequest req;
-    req.set_service("cohort.v1.Store");
+    req.set_service(service);
     grpc::health::v1::HealthCheckResponse resp;
     EXPECT_TRUE(health->Check(&ctx, req, &resp).ok());
     return resp.status();
@@ -214,6 +215,10 @@ TEST_F(DiskFullTest, ReserveRefusesWritesAndDeletesStillWork) {
       AwaitHealth(*server, grpc::health::v1::HealthCheckResponse::NOT_SERVING))
       << "last refusal: " << last_refusal_;
   EXPECT_THAT(server->Log(), HasSubstr("health: NOT_SERVING"));
+  // What a liveness probe asks stays SERVING: a full disk must not get
+  // cohortd restarted.
+  EXPECT_EQ(Health(*server, "liveness"),
+            grpc::health::v1::HealthCheckResponse::SERVING);
 
   // Deleting works on the full disk.
   auto stub = Stub(*server);
