@@ -347,6 +347,32 @@ TEST(CohortdTest, AcceptingResumesAfterRunningOutOfFileDescriptors) {
   ASSERT_EQ(kill(server->pid(), 0), 0) << "cohortd died";
 }
 
+// Idle connections were held forever: each costs the server an fd.
+TEST(CohortdTest, IdleConnectionsAreClosed) {
+  auto server = CohortdProcess::Start({"--engine=memory", "--idle_timeout=1s"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<int> fds = OpenConnections(server->port(), 1);
+  ASSERT_EQ(fds.size(), 1u);
+  const std::string preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  const std::string settings({0, 0, 0, /*SETTINGS=*/4, 0, 0, 0, 0, 0});
+  const std::string hello = preface + settings;
+  ASSERT_EQ(write(fds[0], hello.data(), hello.size()),
+            static_cast<ssize_t>(hello.size()));
+  // Read until the server closes the connection (EOF), or give up.
+  struct timeval tv = {1, 0};
+  setsockopt(fds[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  const absl::Time start = absl::Now();
+  bool closed = false;
+  char buf[4096];
+  while (!closed && absl::Now() - start < absl::Seconds(20)) {
+    const ssize_t n = read(fds[0], buf, sizeof(buf));
+    closed = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+  }
+  close(fds[0]);
+  EXPECT_TRUE(closed) << "an idle connection stayed open for 20 s";
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(900));
+}
+
 // HTTP/2 bytes for one call whose `name` header carries `value`.
 std::string CallWithHeader(absl::string_view name, absl::string_view value) {
   auto frame = [](uint8_t type, uint8_t flags, absl::string_view payload) {
