@@ -507,7 +507,10 @@ std::shared_ptr<Work> GlooProcessGroup::AllGatherV(
       absl::StrCat(kOp, " of ", output.count, " ", DtypeName(output.dtype)),
       [=, bytes = ToBytes<size_t>(counts, input.dtype)](uint32_t tag) {
         if (size_ == 1) {
-          std::memmove(output.data, input.data, input.bytes());
+          // An empty buffer's data may be null, which memmove must not get.
+          if (input.bytes() > 0) {
+            std::memmove(output.data, input.data, input.bytes());
+          }
           return;
         }
         gloo::AllgathervOptions opts(context_);
@@ -607,7 +610,9 @@ std::shared_ptr<Work> GlooProcessGroup::AllToAllV(
       [=, send_bytes = ToBytes<int64_t>(send_counts, input.dtype),
        recv_bytes = ToBytes<int64_t>(recv_counts, input.dtype)](uint32_t tag) {
         if (size_ == 1) {
-          std::memmove(output.data, input.data, input.bytes());
+          if (input.bytes() > 0) {
+            std::memmove(output.data, input.data, input.bytes());
+          }
           return;
         }
         gloo::AlltoallvOptions opts(context_);
