@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/file_store_log.h"
 #include "store/key_text.h"
 
 namespace cohort {
@@ -26,37 +27,21 @@ namespace cohort {
 using store::Quote;
 using store::QuoteList;
 
-namespace file_store_internal {
-
-struct Mutation {
-  std::string key;
-  std::string value;  // Empty for a delete.
-  bool is_put = true;
-};
-
-}  // namespace file_store_internal
-
 namespace {
 
+using file_store_internal::EncodeRecord;
+using file_store_internal::kBatch;
+using file_store_internal::kClose;
+using file_store_internal::kOpen;
 using file_store_internal::Mutation;
+using file_store_internal::ParseRecords;
+using file_store_internal::Record;
 
-// The file starts with kMagic, then holds records: a little-endian u32 length
-// of the rest, a kind, and for a batch each mutation as an op, a u32 key
-// length and the key, and for a put a u32 value length and the value.
+// The file starts with kMagic, then holds records (file_store_log.h).
 constexpr absl::string_view kMagic = "cohort FileStore v1\n";
-// A batch is one revision; opens and closes count the stores using the file.
-constexpr char kBatch = 'B', kOpen = 'O', kClose = 'C';
-constexpr char kPut = 'P', kDelete = 'D';
 constexpr absl::Duration kMinPoll = absl::Milliseconds(1);
 constexpr absl::Duration kMaxPoll = absl::Milliseconds(16);
 constexpr int kMaxOpenAttempts = 100;
-
-struct Record {
-  char kind;
-  std::vector<Mutation> mutations;
-};
-
-// A key for an error message: printable, and cut short if long.
 
 absl::Status FileError(absl::string_view what, const std::string& path) {
   return absl::ErrnoToStatus(
@@ -89,82 +74,6 @@ bool PwriteAll(int fd, absl::string_view buf, int64_t offset) {
     done += n;
   }
   return true;
-}
-
-void PutU32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
-
-uint32_t GetU32(absl::string_view in) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) {
-    v |= uint32_t{static_cast<uint8_t>(in[i])} << (8 * i);
-  }
-  return v;
-}
-
-// Takes length-prefixed bytes off the front of `in`.
-bool GetBytes(absl::string_view& in, std::string& out) {
-  if (in.size() < 4 || in.size() - 4 < GetU32(in)) return false;
-  out.assign(in.data() + 4, GetU32(in));
-  in.remove_prefix(4 + out.size());
-  return true;
-}
-
-absl::StatusOr<std::string> EncodeRecord(
-    char kind, const std::vector<Mutation>& mutations) {
-  std::string body(1, kind);
-  for (const Mutation& m : mutations) {
-    body.push_back(m.is_put ? kPut : kDelete);
-    PutU32(body, m.key.size());
-    body += m.key;
-    if (!m.is_put) continue;
-    PutU32(body, m.value.size());
-    body += m.value;
-  }
-  if (body.size() > UINT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a change of ", body.size(), " bytes is over FileStore's 4 GiB limit"));
-  }
-  std::string record;
-  PutU32(record, body.size());
-  return record + body;
-}
-
-// Parses the whole records at the front of `data`, which starts at byte
-// `offset` of the file, and returns the bytes they take. A record cut short
-// is from a writer that died mid-write (readers hold the lock, so no write
-// is in progress): it is left for the next writer to cut off.
-absl::StatusOr<size_t> ParseRecords(absl::string_view data, int64_t offset,
-                                    const std::string& path,
-                                    std::vector<Record>& out) {
-  size_t used = 0;
-  while (data.size() - used >= 4) {
-    const uint32_t size = GetU32(data.substr(used));
-    if (data.size() - used - 4 < size) break;
-    absl::string_view body = data.substr(used + 4, size);
-    Record record{body.empty() ? '\0' : body[0], {}};
-    bool ok =
-        record.kind == kBatch || record.kind == kOpen || record.kind == kClose;
-    if (ok) body.remove_prefix(1);
-    while (ok && !body.empty()) {
-      Mutation m;
-      m.is_put = body[0] == kPut;
-      ok = m.is_put || body[0] == kDelete;
-      body.remove_prefix(1);
-      ok =
-          ok && GetBytes(body, m.key) && (!m.is_put || GetBytes(body, m.value));
-      record.mutations.push_back(std::move(m));
-    }
-    if (!ok) {
-      return absl::DataLossError(
-          absl::StrCat("FileStore file \"", path,
-                       "\" is corrupt: bad record at byte ", offset + used));
-    }
-    out.push_back(std::move(record));
-    used += 4 + size;
-  }
-  return used;
 }
 
 }  // namespace
