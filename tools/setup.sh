@@ -17,6 +17,11 @@ packages=(
 if [[ "${COHORT_WITH_TORCH:-0}" == 1 ]]; then
   packages+=(python3-torch)
 fi
+# Only needed for tools/fuzz.sh (clang's libFuzzer) and tools/faults.sh;
+# gcc's ASan, UBSan and TSan runtimes come with g++.
+if [[ "${COHORT_WITH_FUZZ:-0}" == 1 ]]; then
+  packages+=(clang libclang-rt-14-dev llvm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
