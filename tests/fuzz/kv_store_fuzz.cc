@@ -253,16 +253,29 @@ class Harness {
     return keys;
   }
 
+  // Each argument is read in its own statement: the order in which a
+  // call's arguments are evaluated differs between gcc and clang, and an
+  // input must mean the same program to both (the corpus replays under
+  // gcc what libFuzzer found under clang).
   void Step(FuzzInput& in) {
     switch (in.Pick(16)) {
-      case 0:
-        return Set(Key(in), Value(in));
-      case 1:
-        return Add(Key(in), Delta(in));
-      case 2:
-        return CompareSet(Key(in), Value(in), Value(in));
-      case 3:
-        return Append(Key(in), Value(in));
+      case 0: {
+        std::string key = Key(in);
+        return Set(key, Value(in));
+      }
+      case 1: {
+        std::string key = Key(in);
+        return Add(key, Delta(in));
+      }
+      case 2: {
+        std::string key = Key(in);
+        std::string expected = Value(in);
+        return CompareSet(key, expected, Value(in));
+      }
+      case 3: {
+        std::string key = Key(in);
+        return Append(key, Value(in));
+      }
       case 4:
         return Delete(Key(in));
       case 5: {
@@ -286,8 +299,10 @@ class Harness {
         if (in.Pick(8) == 0) token = Key(in);  // Maybe not under prefix.
         return ListKeys(prefix, page, token);
       }
-      case 10:
-        return ListAll(Prefix(in), in.Pick(model_.limits.max_list_page + 1));
+      case 10: {
+        std::string prefix = Prefix(in);
+        return ListAll(prefix, in.Pick(model_.limits.max_list_page + 1));
+      }
       case 11:
       case 12: {
         std::vector<std::string> keys = Keys(in);
