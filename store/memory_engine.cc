@@ -63,7 +63,7 @@ class MemoryEngine final : public KvEngine {
       absl::string_view prefix, absl::string_view start_after,
       size_t limit) const override {
     std::vector<std::string> keys;
-    auto it = start_after > prefix ? data_.upper_bound(start_after)
+    auto it = !start_after.empty() ? data_.upper_bound(start_after)
                                    : data_.lower_bound(prefix);
     for (; it != data_.end() && keys.size() < limit; ++it) {
       if (!absl::StartsWith(it->first, prefix)) break;

@@ -277,7 +277,7 @@ class RocksDbEngine final : public KvEngine {
     keys_only.fill_cache = false;
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(keys_only));
     const std::string data_prefix = DataKey(prefix);
-    if (start_after > prefix) {
+    if (!start_after.empty()) {
       it->Seek(DataKey(start_after));
       if (it->Valid() &&
           absl::string_view(it->key().data(), it->key().size()).substr(1) ==
