@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 
@@ -146,8 +148,13 @@ TEST(RocksDbEngineTest, FullDiskIsResourceExhaustedAndWritesResumeAfter) {
     fs->full = false;
     // Space is back: the engine resumes (RocksDB's own recovery may be
     // running; cohortd's health check polls like this) and takes writes.
+    // Up to 30 s (longer under sanitizers, COHORT_TEST_TIME_SCALE): a busy
+    // machine can delay RocksDB's background work.
+    const char* scale_env = std::getenv("COHORT_TEST_TIME_SCALE");
+    const int scale =
+        scale_env != nullptr ? std::max(1, std::atoi(scale_env)) : 1;
     absl::Status writable;
-    for (int i = 0; i < 100; ++i) {
+    for (int i = 0; i < 300 * scale; ++i) {
       writable = store.CheckWritable();
 
       if (writable.ok()) break;
