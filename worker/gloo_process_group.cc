@@ -1,9 +1,12 @@
 #include "worker/gloo_process_group.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -114,9 +117,30 @@ std::vector<Int> ToBytes(absl::Span<const size_t> counts, Dtype dtype) {
 
 }  // namespace
 
+namespace {
+
+// Gloo's TCP pairs write to peers with writev, which raises SIGPIPE once a
+// peer has died, and SIGPIPE's default action kills the process: a rank
+// would die with its peer instead of failing the op with UNAVAILABLE.
+// Python ignores SIGPIPE in every torch job; a C++ worker gets the same,
+// unless it installed a handler of its own.
+void IgnoreSigpipeUnlessHandled() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current = {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 &&
+        current.sa_handler == SIG_DFL) {
+      signal(SIGPIPE, SIG_IGN);
+    }
+  });
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
     std::shared_ptr<Store> store, int rank, int size,
     const GlooOptions& options) {
+  IgnoreSigpipeUnlessHandled();
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gloo process group: rank ", rank, " is not in [0, ", size, ")"));

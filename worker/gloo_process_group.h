@@ -57,7 +57,9 @@ class GlooProcessGroup final : public ProcessGroup {
   // Connects to the other `size` - 1 ranks through `store`; blocks until
   // all have arrived, or options.group.timeout passes (DEADLINE_EXCEEDED
   // naming the missing keys, hence ranks). INVALID_ARGUMENT for a rank
-  // outside [0, size) or bad options.
+  // outside [0, size) or bad options. Sets SIGPIPE to be ignored if it has
+  // its default action (as Python does), so that a dead peer fails the op
+  // instead of killing this process.
   static absl::StatusOr<std::unique_ptr<GlooProcessGroup>> Create(
       std::shared_ptr<Store> store, int rank, int size,
       const GlooOptions& options);
