@@ -1,0 +1,148 @@
+#include "proto/tcpstore/wire.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace cohort::tcpstore {
+namespace {
+
+std::string Bytes(std::initializer_list<int> bytes) {
+  std::string s;
+  for (int b : bytes)
+    s.push_back(static_cast<char>(b));
+  return s;
+}
+
+TEST(WireTest, CodesOfBothDialects) {
+  EXPECT_EQ(OpCode(Dialect::kTorch113, Op::kSet), 0);
+  EXPECT_EQ(OpCode(Dialect::kTorch113, Op::kWatchKey), 7);
+  EXPECT_EQ(OpCode(Dialect::kTorch113, Op::kDeleteKey), 8);
+  EXPECT_EQ(OpCode(Dialect::kTorch113, Op::kAppend), std::nullopt);
+  EXPECT_EQ(OpCode(Dialect::kTorch21, Op::kValidate), 0);
+  EXPECT_EQ(OpCode(Dialect::kTorch21, Op::kSet), 1);
+  EXPECT_EQ(OpCode(Dialect::kTorch21, Op::kDeleteKey), 8);
+  EXPECT_EQ(OpCode(Dialect::kTorch21, Op::kCancelWait), 12);
+  EXPECT_EQ(OpCode(Dialect::kTorch21, Op::kPing), 13);
+  EXPECT_EQ(OpCode(Dialect::kTorch21, Op::kBarrier), 18);
+  EXPECT_EQ(OpCode(Dialect::kTorch21, Op::kWatchKey), std::nullopt);
+  EXPECT_EQ(OpFromCode(Dialect::kTorch21, 19), std::nullopt);
+  EXPECT_EQ(OpFromCode(Dialect::kTorch113, 9), std::nullopt);
+}
+
+TEST(WireTest, DetectsDialectFromFirstBytes) {
+  EXPECT_EQ(DetectDialect(""), std::nullopt);
+  EXPECT_EQ(DetectDialect(Bytes({3})), Dialect::kTorch113); // 1.13 ADD
+  EXPECT_EQ(DetectDialect(Bytes({0, 0xCE, 0xF7})), std::nullopt);
+  EXPECT_EQ(DetectDialect(Bytes({0, 0xCE, 0xF7, 0x85, 0x3C})),
+            Dialect::kTorch21);
+  // A 1.13 SET of a 4-byte key: byte 0, then a u64 length of 4.
+  EXPECT_EQ(DetectDialect(Bytes({0, 4, 0, 0, 0})), Dialect::kTorch113);
+  EXPECT_EQ(DetectDialect("GET / HTTP/1.1\r\n"), Dialect::kTorch113);
+}
+
+TEST(WireTest, ParsesWhatItEncodesInBothDialects) {
+  Request set;
+  set.op = Op::kSet;
+  set.key = "/k";
+  set.value = std::string("v\0w", 3);
+  Request multi;
+  multi.op = Op::kMultiSet;
+  multi.keys = {"/a", "/b"};
+  multi.values = {"1", ""};
+  Request add;
+  add.op = Op::kAdd;
+  add.key = "/c";
+  add.number = -5;
+  for (Dialect dialect : {Dialect::kTorch113, Dialect::kTorch21}) {
+    for (const Request *r : {&set, &multi, &add}) {
+      if (!OpCode(dialect, r->op))
+        continue;
+      std::string wire;
+      EncodeRequest(dialect, *r, &wire);
+      wire += "tail";
+      Request parsed;
+      ParseResult result = ParseRequest(dialect, wire, Limits(), &parsed);
+      ASSERT_EQ(result.status, ParseStatus::kComplete) << result.error;
+      EXPECT_EQ(result.size, wire.size() - 4);
+      EXPECT_EQ(parsed.op, r->op);
+      EXPECT_EQ(parsed.key, r->key);
+      EXPECT_EQ(parsed.value, r->value);
+      EXPECT_EQ(parsed.keys, r->keys);
+      EXPECT_EQ(parsed.values, r->values);
+      EXPECT_EQ(parsed.number, r->number);
+      // Every proper prefix is incomplete, and says how much more it needs.
+      for (size_t n = 0; n < result.size; ++n) {
+        ParseResult partial =
+            ParseRequest(dialect, wire.substr(0, n), Limits(), &parsed);
+        ASSERT_EQ(partial.status, ParseStatus::kIncomplete) << n;
+        EXPECT_GT(partial.size, n);
+        EXPECT_LE(partial.size, result.size);
+      }
+    }
+  }
+}
+
+TEST(WireTest, WireBytesOfA21Set) {
+  Request r;
+  r.op = Op::kSet;
+  r.key = "/k";
+  r.value = "v";
+  std::string wire;
+  EncodeRequest(Dialect::kTorch21, r, &wire);
+  EXPECT_EQ(wire, Bytes({1,   2, 0, 0, 0, 0, 0, 0, 0, '/',
+                         'k', 1, 0, 0, 0, 0, 0, 0, 0, 'v'}));
+}
+
+TEST(WireTest, RefusesAbsurdLengthsBeforeBuffering) {
+  Request r;
+  // SET with a key length of 2^60: refused from its 9 bytes.
+  std::string wire = Bytes({0, 0, 0, 0, 0, 0, 0, 0, 0x10});
+  ParseResult result = ParseRequest(Dialect::kTorch113, wire, Limits(), &r);
+  EXPECT_EQ(result.status, ParseStatus::kInvalid);
+  EXPECT_NE(result.error.find("over max_key_bytes"), std::string::npos)
+      << result.error;
+  // WAIT naming 2^40 keys.
+  wire = Bytes({5, 0, 0, 0, 0, 0, 1, 0, 0});
+  result = ParseRequest(Dialect::kTorch113, wire, Limits(), &r);
+  EXPECT_EQ(result.status, ParseStatus::kInvalid);
+  EXPECT_NE(result.error.find("max_keys_per_call"), std::string::npos);
+  // A value just over the limit.
+  Limits small;
+  small.max_value_bytes = 3;
+  Request set;
+  set.op = Op::kSet;
+  set.key = "/k";
+  set.value = "four";
+  wire.clear();
+  EncodeRequest(Dialect::kTorch21, set, &wire);
+  result = ParseRequest(Dialect::kTorch21, wire, small, &r);
+  EXPECT_EQ(result.status, ParseStatus::kInvalid);
+  EXPECT_NE(result.error.find("max_value_bytes"), std::string::npos);
+  // Many values each under the limit, but more than max_request_bytes.
+  small = Limits();
+  small.max_request_bytes = 100;
+  Request multi;
+  multi.op = Op::kMultiSet;
+  std::string big(60, 'x');
+  multi.keys = {"/a", "/b"};
+  multi.values = {big, big};
+  wire.clear();
+  EncodeRequest(Dialect::kTorch21, multi, &wire);
+  result = ParseRequest(Dialect::kTorch21, wire, small, &r);
+  EXPECT_EQ(result.status, ParseStatus::kInvalid);
+  EXPECT_NE(result.error.find("max_request_bytes"), std::string::npos);
+}
+
+TEST(WireTest, UnknownQueryTypes) {
+  Request r;
+  ParseResult result =
+      ParseRequest(Dialect::kTorch113, Bytes({9}), Limits(), &r);
+  EXPECT_EQ(result.status, ParseStatus::kInvalid);
+  EXPECT_NE(result.error.find("unknown query type 9"), std::string::npos);
+  result = ParseRequest(Dialect::kTorch21, "GET / HTTP/1.1", Limits(), &r);
+  EXPECT_EQ(result.status, ParseStatus::kInvalid);
+}
+
+} // namespace
+} // namespace cohort::tcpstore
