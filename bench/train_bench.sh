@@ -21,7 +21,7 @@ CPID=""
 trap '[[ -n $CPID ]] && kill $CPID 2>/dev/null; rm -rf "$TMP"' EXIT
 
 : >"$TMP/cohortd.log"  # Exists before the loop below reads it.
-server/cohortd --listen=127.0.0.1:0 --engine=memory 2>"$TMP/cohortd.log" &
+server/cohortd --listen=127.0.0.1:0 --tcpstore_listen=127.0.0.1:0 --engine=memory 2>"$TMP/cohortd.log" &
 CPID=$!
 for _ in $(seq 300); do
   ADDR=$(sed -n 's/.*serving cohort.v1.Store on \([^;]*\);.*/\1/p' "$TMP/cohortd.log")

@@ -79,6 +79,14 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
     return absl::InternalError("the gRPC server failed to start");
   }
   server->listener_->Start(server->server_.get());
+  if (!options.tcpstore_listen.empty()) {
+    auto tcpstore = TcpStoreServer::Start(
+        server->store_.get(), {.listen = options.tcpstore_listen,
+                               .max_connections = options.max_connections,
+                               .log = options.log});
+    if (!tcpstore.ok()) return tcpstore.status();
+    server->tcpstore_ = std::move(*tcpstore);
+  }
   {
     absl::MutexLock lock(&server->health_mu_);
     server->SetServing(true, absl::OkStatus());
@@ -150,6 +158,7 @@ absl::Status CohortServer::Drain(absl::Duration grace) {
   rendezvous_->Shutdown(draining);
   membership_->Shutdown(draining);
   store_->Shutdown(draining);
+  if (tcpstore_ != nullptr) tcpstore_->Stop();
   stopper.join();
   server_->Wait();
   return store_->Flush();

@@ -19,6 +19,7 @@
 #include "server/membership.h"
 #include "server/rendezvous.h"
 #include "server/store_service.h"
+#include "server/tcpstore_server.h"
 #include "store/kv_store.h"
 
 namespace cohort::server {
@@ -27,6 +28,9 @@ struct ServerOptions {
   // HOST:PORT to listen on; port 0 picks a free port (see port()). The port
   // is bound exclusively: Start fails if another process serves it.
   std::string listen = "0.0.0.0:29500";
+  // HOST:PORT for PyTorch's TCPStore protocol (tcpstore_server.h); empty
+  // serves none. cohortd's flag defaults to 0.0.0.0:29400.
+  std::string tcpstore_listen;
   StoreServiceOptions store_service;
   // Connections open at once; more are refused with a GOAWAY saying so.
   size_t max_connections = 16384;
@@ -63,12 +67,17 @@ class CohortServer {
   // Drains if Drain was not called.
   ~CohortServer();
 
-  // The port actually bound.
+  // The ports actually bound (tcpstore_port: 0 when not serving it).
   int port() const { return port_; }
+  int tcpstore_port() const { return tcpstore_ ? tcpstore_->port() : 0; }
+  // The TCPStore listener's counters; zeros when it is off.
+  TcpStoreServerStats tcpstore_stats() {
+    return tcpstore_ ? tcpstore_->stats() : TcpStoreServerStats();
+  }
   store::KvStore& store() { return *store_; }
 
   // Graceful stop: health goes NOT_SERVING, pending waits and watches end
-  // with UNAVAILABLE, new connections are refused, calls in flight get
+  // with UNAVAILABLE (TCPStore connections are closed), new connections are refused, calls in flight get
   // `grace` to finish, then the store is flushed. A flush refused for lack
   // of disk space returns RESOURCE_EXHAUSTED: nothing acknowledged is lost
   // (it is in the write-ahead log, replayed at the next start). Idempotent.
@@ -92,6 +101,7 @@ class CohortServer {
   std::unique_ptr<MembershipService> membership_service_;
   std::unique_ptr<Listener> listener_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<TcpStoreServer> tcpstore_;
   std::function<void(absl::string_view)> log_;
   int port_ = 0;
   bool drained_ = false;

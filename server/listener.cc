@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -55,8 +56,16 @@ std::string GoawayBytes(absl::string_view why) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Listener>> Listener::Bind(
-    const std::string& address, ListenerOptions options) {
+int MaxBacklog() {
+  int backlog = 0;
+  if (FILE* f = std::fopen("/proc/sys/net/core/somaxconn", "r")) {
+    if (std::fscanf(f, "%d", &backlog) != 1) backlog = 0;
+    std::fclose(f);
+  }
+  return std::max(backlog, 128);
+}
+
+absl::StatusOr<int> ListenExclusive(const std::string& address, int* port_out) {
   const size_t colon = address.rfind(':');
   int port = -1;
   if (colon == std::string::npos ||
@@ -101,7 +110,7 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::Bind(
     // one port. SO_REUSEPORT, which would, stays off.
     int one = 1;
     setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(s, ai->ai_addr, ai->ai_addrlen) == 0 && listen(s, 1024) == 0) {
+    if (bind(s, ai->ai_addr, ai->ai_addrlen) == 0 && listen(s, MaxBacklog()) == 0) {
       fd = s;
     } else {
       absl::StrAppend(&errors, errors.empty() ? "" : "; ", strerror(errno));
@@ -123,8 +132,16 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::Bind(
       bound.ss_family == AF_INET6
           ? ntohs(reinterpret_cast<struct sockaddr_in6*>(&bound)->sin6_port)
           : ntohs(reinterpret_cast<struct sockaddr_in*>(&bound)->sin_port);
-  return std::unique_ptr<Listener>(
-      new Listener(fd, bound_port, std::move(options)));
+  *port_out = bound_port;
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> Listener::Bind(
+    const std::string& address, ListenerOptions options) {
+  int port = 0;
+  absl::StatusOr<int> fd = ListenExclusive(address, &port);
+  if (!fd.ok()) return fd.status();
+  return std::unique_ptr<Listener>(new Listener(*fd, port, std::move(options)));
 }
 
 Listener::Listener(int fd, int port, ListenerOptions options)

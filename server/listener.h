@@ -22,6 +22,16 @@
 
 namespace cohort::server {
 
+// Binds HOST:PORT (port 0: a free one; IPv4 first) with SO_REUSEADDR but
+// never SO_REUSEPORT, and listens with the kernel's largest backlog
+// (net.core.somaxconn). Returns the socket and sets *port to the port
+// bound. UNAVAILABLE naming the address when another process holds it,
+// INVALID_ARGUMENT when the address does not parse.
+absl::StatusOr<int> ListenExclusive(const std::string& address, int* port);
+
+// The kernel's cap on a listen backlog (net.core.somaxconn), at least 128.
+int MaxBacklog();
+
 struct ListenerOptions {
   // Connections open at once; one more is answered with an HTTP/2 GOAWAY
   // saying so, and closed.

@@ -22,6 +22,10 @@
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:29500",
           "HOST:PORT to serve on; port 0 picks a free one");
+ABSL_FLAG(std::string, tcpstore_listen, "0.0.0.0:29400",
+          "HOST:PORT to serve PyTorch's TCPStore protocol on (torch clients "
+          "and torchrun --rdzv_backend=c10d); 29400 is torchrun's default "
+          "c10d port; empty turns it off");
 ABSL_FLAG(std::string, data_dir, "./cohort-data",
           "folder holding the RocksDB database (--engine=rocksdb)");
 ABSL_FLAG(std::string, engine, "rocksdb",
@@ -175,6 +179,7 @@ int main(int argc, char** argv) {
 
   cohort::server::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.tcpstore_listen = absl::GetFlag(FLAGS_tcpstore_listen);
   options.max_connections = RaiseFdLimit(absl::GetFlag(FLAGS_max_connections));
   options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);
   options.log = [](absl::string_view line) { Log(std::string(line)); };
@@ -187,6 +192,12 @@ int main(int argc, char** argv) {
   Log(absl::StrFormat(
       "serving cohort.v1.Store on %s:%d; store: %s; %d keys at revision %d",
       host, (*server)->port(), where, keys, revision));
+  if ((*server)->tcpstore_port() != 0) {
+    const std::string& t = options.tcpstore_listen;
+    Log(absl::StrFormat("serving the TCPStore protocol on %s:%d (PyTorch "
+                        "1.13-2.0 and 2.1+ clients)",
+                        t.substr(0, t.rfind(':')), (*server)->tcpstore_port()));
+  }
 
   int signal = 0;
   sigwait(&stop_signals, &signal);

@@ -390,15 +390,31 @@ class RocksDbEngine final : public KvEngine {
   // Refuses a write of `bytes` that would leave less than the reserve once
   // the memtables (whose flush will need about their size on disk) are
   // flushed.
+  //
+  // statvfs costs as much as the write itself, so the free space is asked
+  // again only every kFreeSpaceRecheck, or sooner once the writes since
+  // could have used half of the margin it showed.
   absl::Status Admit(size_t bytes) {
-    const int64_t free = FreeBytes(path_);
-    if (free < 0) return absl::OkStatus();  // Unknown: let RocksDB decide.
     uint64_t unflushed = 0;
     if (db_ != nullptr)
       db_->GetIntProperty(rocksdb::DB::Properties::kCurSizeAllMemTables,
                           &unflushed);
     const uint64_t needed = min_free_bytes_ + unflushed + bytes;
+    const absl::Time now = absl::Now();
+    admitted_since_check_ += bytes;
+    if (free_checked_ >= 0 && now - free_checked_at_ < kFreeSpaceRecheck &&
+        static_cast<uint64_t>(free_checked_) >= needed &&
+        2 * admitted_since_check_ <
+            static_cast<uint64_t>(free_checked_) - needed) {
+      return absl::OkStatus();
+    }
+    const int64_t free = FreeBytes(path_);
+    free_checked_ = free;
+    free_checked_at_ = now;
+    admitted_since_check_ = 0;
+    if (free < 0) return absl::OkStatus();  // Unknown: let RocksDB decide.
     if (static_cast<uint64_t>(free) >= needed) return absl::OkStatus();
+    free_checked_ = -1;  // Ask again next time.
     needed_free_ = std::max(needed_free_, needed);
     return absl::ResourceExhaustedError(absl::StrCat(
         "the data dir ", path_, " has ", free,
@@ -436,6 +452,12 @@ class RocksDbEngine final : public KvEngine {
   // While nonzero, writes are known not to fit: health stays NOT_SERVING
   // until this many bytes are free.
   uint64_t needed_free_ = 0;
+  // Admit's cached view of the disk: free bytes at free_checked_at_ (-1:
+  // unknown) and bytes admitted since.
+  static constexpr absl::Duration kFreeSpaceRecheck = absl::Milliseconds(100);
+  int64_t free_checked_ = -1;
+  absl::Time free_checked_at_;
+  uint64_t admitted_since_check_ = 0;
 };
 
 }  // namespace

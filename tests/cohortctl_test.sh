@@ -15,7 +15,7 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 expect_eq() { [[ "$2" == "$3" ]] || fail "$1: expected '$3', got '$2'"; }
 
 start_cohortd() {  # [port]
-  "$COHORTD" --listen="127.0.0.1:${1:-0}" --data_dir="$DATA" 2>>"$LOG" &
+  "$COHORTD" --listen="127.0.0.1:${1:-0}" --tcpstore_listen=127.0.0.1:0 --data_dir="$DATA" 2>>"$LOG" &
   PID=$!
   for _ in $(seq 300); do
     PORT=$(sed -n 's/.*serving cohort.v1.Store on 127.0.0.1:\([0-9]*\);.*/\1/p' "$LOG" | tail -1)

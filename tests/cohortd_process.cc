@@ -18,6 +18,16 @@ namespace cohort::testing {
 
 absl::StatusOr<CohortdProcess> CohortdProcess::Start(
     std::vector<std::string> args, int port) {
+  bool tcpstore = true;
+  bool tcpstore_flag = false;
+  for (const std::string& a : args) {
+    if (absl::StartsWith(a, "--tcpstore_listen=")) {
+      tcpstore_flag = true;
+      tcpstore = a != "--tcpstore_listen=";
+    }
+  }
+  // Never the default port 29400: tests run side by side.
+  if (!tcpstore_flag) args.push_back("--tcpstore_listen=127.0.0.1:0");
   args.insert(args.begin(), absl::StrCat("--listen=127.0.0.1:", port));
   args.insert(args.begin(), "server/cohortd");
   int pipe_fds[2];
@@ -51,7 +61,20 @@ absl::StatusOr<CohortdProcess> CohortdProcess::Start(
       if (colon != std::string::npos && end != std::string::npos &&
           absl::SimpleAtoi(log.substr(colon + 1, end - colon - 1),
                            &process.port_)) {
-        return process;
+        if (!tcpstore) return process;
+        const std::string kTcpStore = "serving the TCPStore protocol on ";
+        size_t t = log.find(kTcpStore, end);
+        size_t t_colon = t == std::string::npos
+                             ? std::string::npos
+                             : log.find(':', t + kTcpStore.size());
+        size_t t_end = t_colon == std::string::npos
+                           ? std::string::npos
+                           : log.find(' ', t_colon);
+        if (t_end != std::string::npos &&
+            absl::SimpleAtoi(log.substr(t_colon + 1, t_end - t_colon - 1),
+                             &process.tcpstore_port_)) {
+          return process;
+        }
       }
     }
     int status;
@@ -73,6 +96,7 @@ CohortdProcess::CohortdProcess(CohortdProcess&& other) noexcept {
 CohortdProcess& CohortdProcess::operator=(CohortdProcess&& other) noexcept {
   std::swap(pid_, other.pid_);
   std::swap(port_, other.port_);
+  std::swap(tcpstore_port_, other.tcpstore_port_);
   std::swap(stderr_fd_, other.stderr_fd_);
   std::swap(log_, other.log_);
   return *this;

@@ -16,7 +16,9 @@ namespace cohort::testing {
 class CohortdProcess {
  public:
   // Starts bazel's //server:cohortd with --listen=127.0.0.1:<port> (0: any
-  // free port) plus `args`, and waits for its "serving" log line.
+  // free port) plus `args`, and waits for its "serving" log lines. Unless
+  // `args` sets --tcpstore_listen (empty: off), the TCPStore listener takes
+  // a free port on 127.0.0.1 (tcpstore_port()).
   static absl::StatusOr<CohortdProcess> Start(std::vector<std::string> args,
                                               int port = 0);
 
@@ -27,6 +29,7 @@ class CohortdProcess {
 
   pid_t pid() const { return pid_; }
   int port() const { return port_; }
+  int tcpstore_port() const { return tcpstore_port_; }
   std::string address() const;
 
   // Sends `signal`, waits for the exit and returns the raw wait status.
@@ -43,6 +46,7 @@ class CohortdProcess {
 
   pid_t pid_ = -1;
   int port_ = 0;
+  int tcpstore_port_ = 0;
   int stderr_fd_ = -1;
   std::string log_;
 };

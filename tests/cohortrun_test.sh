@@ -10,7 +10,7 @@ TMP=${TEST_TMPDIR:-$(mktemp -d)}
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-"$COHORTD" --listen=127.0.0.1:0 --engine=memory 2>"$TMP/cohortd.log" &
+"$COHORTD" --listen=127.0.0.1:0 --tcpstore_listen=127.0.0.1:0 --engine=memory 2>"$TMP/cohortd.log" &
 CPID=$!
 trap 'kill $CPID 2>/dev/null' EXIT
 for _ in $(seq 300); do

@@ -21,7 +21,7 @@ log="$data_dir/cohortd.log"
 # Port 0: the kernel picks a free port, and cohortd's first log line says
 # which, so the demo never collides with another cohortd on 29500.
 : >"$log"  # Exists before the loop below reads it.
-"$bin/server/cohortd" --listen=127.0.0.1:0 --data_dir="$data_dir" >"$log" 2>&1 &
+"$bin/server/cohortd" --listen=127.0.0.1:0 --tcpstore_listen=127.0.0.1:0 --data_dir="$data_dir" >"$log" 2>&1 &
 cohortd_pid=$!
 stop_cohortd() {
   if kill -0 "$cohortd_pid" 2>/dev/null; then

@@ -10,13 +10,14 @@ packages=(
   librocksdb-dev
   libabsl-dev
   libgloo-dev
+  libuv1-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libeigen3-dev libopenblas-dev
 )
-# Only needed to run the PyTorch baselines in ../shared/bench side by side.
-if [[ "${COHORT_WITH_TORCH:-0}" == 1 ]]; then
-  packages+=(python3-torch)
-fi
+# PyTorch 1.13 (run as /usr/bin/python3): the real TCPStore client, DDP and
+# torchrun that the interop tests drive against cohortd, and the baselines
+# the benchmarks compare with.
+packages+=(python3-torch)
 # Only needed for tools/fuzz.sh (clang's libFuzzer) and tools/faults.sh;
 # gcc's ASan, UBSan and TSan runtimes come with g++.
 if [[ "${COHORT_WITH_FUZZ:-0}" == 1 ]]; then

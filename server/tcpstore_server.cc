@@ -1,0 +1,839 @@
+#include "server/tcpstore_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "proto/tcpstore/wire.h"
+#include "server/listener.h"
+
+namespace cohort::server {
+namespace {
+
+using tcpstore::CheckReply;
+using tcpstore::Dialect;
+using tcpstore::Encoder;
+using tcpstore::Op;
+using tcpstore::ParseResult;
+using tcpstore::ParseStatus;
+using tcpstore::Request;
+using tcpstore::WaitReply;
+
+// One read buffer for the whole loop: a connection holds bytes of its own
+// only while a request is split across reads, so 10,000 idle connections
+// cost no read buffers.
+constexpr size_t kReadBufferBytes = 64 << 10;
+
+std::string PeerName(const uv_tcp_t* tcp) {
+  struct sockaddr_storage addr = {};
+  int len = sizeof(addr);
+  if (uv_tcp_getpeername(tcp, reinterpret_cast<struct sockaddr*>(&addr),
+                         &len) != 0) {
+    return "unknown peer";
+  }
+  char host[INET6_ADDRSTRLEN] = {};
+  if (addr.ss_family == AF_INET6) {
+    const auto* a6 = reinterpret_cast<const struct sockaddr_in6*>(&addr);
+    uv_ip6_name(a6, host, sizeof(host));
+    return absl::StrCat("[", host, "]:", ntohs(a6->sin6_port));
+  }
+  const auto* a4 = reinterpret_cast<const struct sockaddr_in*>(&addr);
+  uv_ip4_name(a4, host, sizeof(host));
+  return absl::StrCat(host, ":", ntohs(a4->sin_port));
+}
+
+std::vector<std::string> Strings(const std::vector<absl::string_view>& views) {
+  return std::vector<std::string>(views.begin(), views.end());
+}
+
+}  // namespace
+
+class TcpStoreServer::Loop {
+ public:
+  Loop(store::KvStore* store, TcpStoreServerOptions options)
+      : store_(store), options_(std::move(options)) {
+    const store::StoreLimits& l = store_->limits();
+    limits_.max_key_bytes = l.max_key_bytes;
+    limits_.max_value_bytes = l.max_value_bytes;
+    limits_.max_keys_per_call = l.max_keys_per_call;
+    limits_.max_request_bytes = options_.max_request_bytes;
+    read_buffer_.resize(kReadBufferBytes);
+  }
+
+  ~Loop() { Stop(); }
+
+  absl::Status Start(int fd) {
+    uv_loop_init(&loop_);
+    uv_async_init(&loop_, &async_, &Loop::OnAsync);
+    async_.data = this;
+    uv_tcp_init(&loop_, &listener_);
+    listener_.data = this;
+    if (int rc = uv_tcp_open(&listener_, fd); rc != 0) {
+      close(fd);
+      return absl::InternalError(
+          absl::StrCat("uv_tcp_open: ", uv_strerror(rc)));
+    }
+    if (int rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_),
+                           MaxBacklog(), &Loop::OnConnection);
+        rc != 0) {
+      return absl::InternalError(absl::StrCat("uv_listen: ", uv_strerror(rc)));
+    }
+    started_ = true;
+    thread_ = std::thread([this] {
+      loop_thread_ = std::this_thread::get_id();
+      uv_run(&loop_, UV_RUN_DEFAULT);
+    });
+    return absl::OkStatus();
+  }
+
+  void Stop() {
+    if (!started_) return;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_requested_) return;
+      stop_requested_ = true;
+    }
+    uv_async_send(&async_);
+    thread_.join();
+    uv_loop_close(&loop_);
+  }
+
+  TcpStoreServerStats Stats() {
+    TcpStoreServerStats s;
+    s.connections = connections_.load();
+    s.blocked = blocked_.load();
+    s.accepted = accepted_.load();
+    s.closed_bad_input = closed_bad_input_.load();
+    s.requests = requests_.load();
+    return s;
+  }
+
+ private:
+  enum class Block { kNone, kWait, kBarrier };
+
+  struct Conn {
+    uv_tcp_t tcp;
+    Loop* loop = nullptr;
+    uint64_t id = 0;
+    std::string peer;
+    std::optional<Dialect> dialect;
+    std::string in;    // Unparsed bytes, when a request spans reads.
+    size_t need = 0;   // Bytes `in` must hold before parsing again.
+    std::string out;   // Replies not yet handed to the socket.
+    size_t unsent = 0; // Bytes in uv_write requests not yet completed.
+    bool reading = false;
+    bool closing = false;
+    Block block = Block::kNone;
+    uint64_t seq = 0;  // Numbers blocking requests; stale completions differ.
+    store::KvStore::WaitId wait_id = 0;
+    std::vector<std::string> wait_keys;
+    std::string barrier_key;
+  };
+
+  struct WriteReq {
+    uv_write_t req;
+    std::string data;
+    uv_buf_t buf;
+  };
+
+  struct Barrier {
+    store::KvStore::WatchId watch = 0;
+    // conn id -> (seq, count to wait for)
+    absl::flat_hash_map<uint64_t, std::pair<uint64_t, int64_t>> waiting;
+  };
+
+  // ---- libuv callbacks (loop thread) ----
+
+  static void OnAsync(uv_async_t* handle) {
+    static_cast<Loop*>(handle->data)->RunPosted();
+  }
+
+  static void OnConnection(uv_stream_t* server, int status) {
+    static_cast<Loop*>(server->data)->Accept(status);
+  }
+
+  static void OnAlloc(uv_handle_t* handle, size_t, uv_buf_t* buf) {
+    Loop* loop = static_cast<Conn*>(handle->data)->loop;
+    *buf = uv_buf_init(loop->read_buffer_.data(), loop->read_buffer_.size());
+  }
+
+  static void OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
+    Conn* c = static_cast<Conn*>(stream->data);
+    Loop* loop = c->loop;
+    if (nread < 0) {
+      loop->Close(*c,
+                  nread == UV_EOF || nread == UV_ECONNRESET
+                      ? std::string()
+                      : absl::StrCat("read failed: ", uv_strerror(nread)),
+                  /*bad_input=*/false);
+      return;
+    }
+    loop->Consume(*c, absl::string_view(buf->base, nread));
+    loop->RunLocal();
+  }
+
+  static void OnWritten(uv_write_t* req, int status) {
+    auto* w = reinterpret_cast<WriteReq*>(req);
+    Conn* c = static_cast<Conn*>(req->data);
+    c->unsent -= w->data.size();
+    delete w;
+    if (c->closing) return;
+    Loop* loop = c->loop;
+    if (status < 0) {
+      loop->Close(*c, absl::StrCat("write failed: ", uv_strerror(status)),
+                  false);
+      return;
+    }
+    loop->Flush(*c);
+    loop->UpdateReading(*c);
+  }
+
+  static void OnClosed(uv_handle_t* handle) {
+    delete static_cast<Conn*>(handle->data);
+  }
+
+  // ---- connections ----
+
+  void Accept(int status) {
+    if (status < 0) {
+      LogLimited(absl::StrCat("TCPStore listener: accept failed: ",
+                              uv_strerror(status)));
+      return;
+    }
+    auto* c = new Conn;
+    c->loop = this;
+    uv_tcp_init(&loop_, &c->tcp);
+    c->tcp.data = c;
+    if (uv_accept(reinterpret_cast<uv_stream_t*>(&listener_),
+                  reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0) {
+      uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), &Loop::OnClosed);
+      return;
+    }
+    ++accepted_;
+    if (conns_.size() >= options_.max_connections) {
+      LogLimited(absl::StrCat("refusing TCPStore connection from ",
+                              PeerName(&c->tcp), ": ", conns_.size(),
+                              " connections are open (max_connections)"));
+      uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), &Loop::OnClosed);
+      return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    c->peer = PeerName(&c->tcp);
+    c->id = next_conn_id_++;
+    conns_.emplace(c->id, c);
+    connections_ = conns_.size();
+    UpdateReading(*c);
+  }
+
+  Conn* Find(uint64_t id) {
+    auto it = conns_.find(id);
+    return it == conns_.end() ? nullptr : it->second;
+  }
+
+  void Close(Conn& c, absl::string_view why, bool bad_input) {
+    if (c.closing) return;
+    if (!why.empty()) {
+      LogLimited(absl::StrCat("closing TCPStore connection from ", c.peer,
+                              ": ", why));
+    }
+    if (bad_input) ++closed_bad_input_;
+    CancelBlock(c);
+    c.closing = true;
+    conns_.erase(c.id);
+    connections_ = conns_.size();
+    uv_close(reinterpret_cast<uv_handle_t*>(&c.tcp), &Loop::OnClosed);
+  }
+
+  // Reads while the connection can use more input: not while its replies
+  // pile up unread, nor while it is blocked with a request already waiting.
+  void UpdateReading(Conn& c) {
+    if (c.closing) return;
+    const bool want =
+        c.unsent + c.out.size() <= options_.max_unsent_bytes &&
+        !(c.block != Block::kNone && c.in.size() >= kReadBufferBytes);
+    if (want == c.reading) return;
+    auto* stream = reinterpret_cast<uv_stream_t*>(&c.tcp);
+    if (want) {
+      uv_read_start(stream, &Loop::OnAlloc, &Loop::OnRead);
+    } else {
+      uv_read_stop(stream);
+    }
+    c.reading = want;
+  }
+
+  void Flush(Conn& c) {
+    if (c.closing || c.out.empty() || c.unsent > 0) return;
+    auto* stream = reinterpret_cast<uv_stream_t*>(&c.tcp);
+    uv_buf_t b = uv_buf_init(c.out.data(), c.out.size());
+    int n = uv_try_write(stream, &b, 1);
+    if (n < 0 && n != UV_EAGAIN) {
+      Close(c, absl::StrCat("write failed: ", uv_strerror(n)), false);
+      return;
+    }
+    if (n > 0) c.out.erase(0, n);
+    if (c.out.empty()) return;
+    auto* w = new WriteReq;
+    w->data = std::move(c.out);
+    c.out.clear();
+    w->buf = uv_buf_init(w->data.data(), w->data.size());
+    w->req.data = &c;
+    c.unsent += w->data.size();
+    uv_write(&w->req, stream, &w->buf, 1, &Loop::OnWritten);
+  }
+
+  // Applies the complete requests in `bytes` and keeps the rest.
+  void Consume(Conn& c, absl::string_view bytes) {
+    if (c.in.empty()) {
+      const size_t used = Process(c, bytes);
+      if (!c.closing && used < bytes.size()) {
+        c.in.assign(bytes.data() + used, bytes.size() - used);
+      }
+    } else {
+      c.in.append(bytes.data(), bytes.size());
+      if (c.in.size() >= c.need) c.in.erase(0, Process(c, c.in));
+    }
+    if (c.in.empty() && c.in.capacity() > kReadBufferBytes) {
+      std::string().swap(c.in);
+    }
+    Flush(c);
+    UpdateReading(c);
+  }
+
+  // Parses and applies requests from the front of `bytes` until one is
+  // incomplete or blocks. Returns the bytes used.
+  size_t Process(Conn& c, absl::string_view bytes) {
+    size_t pos = 0;
+    c.need = 0;
+    while (!c.closing && pos < bytes.size()) {
+      absl::string_view rest = bytes.substr(pos);
+      if (!c.dialect.has_value()) {
+        c.dialect = tcpstore::DetectDialect(rest);
+        if (!c.dialect.has_value()) {
+          c.need = rest.size() + 1;
+          break;
+        }
+      }
+      if (c.block != Block::kNone) {
+        // Replies go out in order, so only CANCEL_WAIT may pass a request
+        // that is still waiting.
+        if (*c.dialect == Dialect::kTorch21 &&
+            static_cast<uint8_t>(rest[0]) ==
+                *tcpstore::OpCode(Dialect::kTorch21, Op::kCancelWait)) {
+          CancelBlock(c);
+          Encoder(&c.out).U8(static_cast<uint8_t>(WaitReply::kWaitCanceled));
+          ++pos;
+          continue;
+        }
+        break;
+      }
+      Request request;
+      ParseResult parsed =
+          tcpstore::ParseRequest(*c.dialect, rest, limits_, &request);
+      if (parsed.status == ParseStatus::kIncomplete) {
+        c.need = parsed.size;
+        break;
+      }
+      if (parsed.status == ParseStatus::kInvalid) {
+        Close(c,
+              absl::StrCat(parsed.error, " (", DialectName(*c.dialect),
+                           " protocol; first bytes \"",
+                           absl::CHexEscape(rest.substr(0, 16)), "\")"),
+              /*bad_input=*/true);
+        break;
+      }
+      pos += parsed.size;
+      ++requests_;
+      Handle(c, request);
+    }
+    return pos;
+  }
+
+  // ---- requests ----
+
+  void Handle(Conn& c, const Request& r) {
+    Encoder reply(&c.out);
+    auto fail = [&](absl::string_view what, const absl::Status& status) {
+      Close(c, absl::StrCat(what, " failed: ", status.message()), false);
+    };
+    switch (r.op) {
+      case Op::kValidate:
+        if (r.word != tcpstore::kValidateMagic) {
+          Close(c,
+                absl::StrFormat("VALIDATE with magic 0x%08x, not 0x%08x",
+                                r.word, tcpstore::kValidateMagic),
+                true);
+        }
+        return;
+      case Op::kPing:
+        reply.U32(r.word);
+        return;
+      case Op::kSet:
+        if (auto s = store_->Set(r.key, r.value); !s.ok()) {
+          fail("SET", s.status());
+        }
+        return;
+      case Op::kAppend:
+        if (auto s = store_->Append(r.key, r.value); !s.ok()) {
+          fail("APPEND", s.status());
+        }
+        return;
+      case Op::kMultiSet:
+        if (auto s = store_->MultiSet(Strings(r.keys), Strings(r.values));
+            !s.ok()) {
+          fail("MULTI_SET", s.status());
+        }
+        return;
+      case Op::kCompareSet: {
+        auto s = store_->CompareSet(r.key, r.expected, r.value);
+        if (!s.ok()) return fail("COMPARE_SET", s.status());
+        reply.Bytes(s->value);
+        return;
+      }
+      case Op::kGet: {
+        auto s = store_->TryGet(r.key);
+        if (!s.ok()) return fail("GET", s.status());
+        if (s->has_value()) {
+          reply.Bytes(**s);
+        } else if (*c.dialect == Dialect::kTorch21) {
+          reply.Bytes("");
+        } else {
+          // 1.13's server drops such a connection too; its client always
+          // waits for the key before getting it.
+          Close(c,
+                absl::StrCat("GET of missing key \"", absl::CHexEscape(r.key),
+                             "\""),
+                false);
+        }
+        return;
+      }
+      case Op::kAdd: {
+        auto s = store_->Add(r.key, r.number);
+        if (!s.ok()) return fail("ADD", s.status());
+        reply.I64(s->value);
+        return;
+      }
+      case Op::kCheck: {
+        absl::StatusOr<bool> all = AllExist(r.keys);
+        if (!all.ok()) return fail("CHECK", all.status());
+        reply.U8(static_cast<uint8_t>(*all ? CheckReply::kReady
+                                           : CheckReply::kNotReady));
+        return;
+      }
+      case Op::kWait:
+        StartWait(c, r.keys);
+        return;
+      case Op::kNumKeys: {
+        auto s = store_->NumKeys();
+        if (!s.ok()) return fail("GETNUMKEYS", s.status());
+        reply.I64(s->num_keys);
+        return;
+      }
+      case Op::kDeleteKey: {
+        auto s = store_->Delete(r.key);
+        if (!s.ok()) return fail("DELETE_KEY", s.status());
+        reply.I64(s->deleted ? 1 : 0);
+        return;
+      }
+      case Op::kMultiGet:
+        for (absl::string_view key : r.keys) {
+          auto s = store_->TryGet(key);
+          if (!s.ok()) return fail("MULTI_GET", s.status());
+          reply.Bytes(s->has_value() ? absl::string_view(**s) : "");
+        }
+        return;
+      case Op::kCancelWait:
+        CancelBlock(c);
+        reply.U8(static_cast<uint8_t>(WaitReply::kWaitCanceled));
+        return;
+      case Op::kListKeys: {
+        std::vector<std::string> keys;
+        std::string token;
+        do {
+          auto page = store_->ListKeys("", 0, token);
+          if (!page.ok()) return fail("LIST_KEYS", page.status());
+          for (std::string& k : page->keys) keys.push_back(std::move(k));
+          token = std::move(page->next_page_token);
+        } while (!token.empty());
+        reply.I64(keys.size());
+        for (const std::string& k : keys) reply.Bytes(k);
+        return;
+      }
+      case Op::kBarrier: {
+        auto s = store_->Add(r.key, 1);
+        if (!s.ok()) return fail("BARRIER", s.status());
+        if (s->value >= r.number) {
+          reply.U8(static_cast<uint8_t>(WaitReply::kStopWaiting));
+        } else {
+          StartBarrier(c, r.key, r.number, s->revision);
+        }
+        return;
+      }
+      case Op::kQueuePush:
+        queues_[r.key].emplace_back(r.value);
+        WakeQueueWaiter(std::string(r.key));
+        return;
+      case Op::kQueuePop: {
+        auto it = queues_.find(r.key);
+        const int64_t size = it == queues_.end() ? 0 : it->second.size();
+        reply.I64(size);
+        if (size > 0) {
+          reply.Bytes(it->second.front());
+          it->second.pop_front();
+          if (it->second.empty()) queues_.erase(it);
+        }
+        return;
+      }
+      case Op::kQueueLen: {
+        auto it = queues_.find(r.key);
+        reply.I64(it == queues_.end() ? 0 : it->second.size());
+        return;
+      }
+      case Op::kWatchKey:
+        Close(c,
+              "WATCH_KEY is not supported (PyTorch removed Store.watch_key in "
+              "2.1); watch keys with `cohortctl watch` or the gRPC Watch call",
+              false);
+        return;
+    }
+  }
+
+  bool QueueNonEmpty(absl::string_view key) const {
+    auto it = queues_.find(key);
+    return it != queues_.end() && !it->second.empty();
+  }
+
+  // Whether every key exists, counting a non-empty queue as existing.
+  absl::StatusOr<bool> AllExist(const std::vector<absl::string_view>& keys) {
+    std::vector<std::string> in_store;
+    for (absl::string_view k : keys) {
+      if (!QueueNonEmpty(k)) in_store.emplace_back(k);
+    }
+    if (in_store.empty()) return true;
+    auto s = store_->Check(in_store);
+    if (!s.ok()) return s.status();
+    return s->all_exist;
+  }
+
+  void StopWaiting(Conn& c) {
+    Encoder(&c.out).U8(static_cast<uint8_t>(WaitReply::kStopWaiting));
+  }
+
+  void StartWait(Conn& c, const std::vector<absl::string_view>& keys) {
+    std::vector<std::string> missing;
+    for (absl::string_view k : keys) {
+      if (!QueueNonEmpty(k)) missing.emplace_back(k);
+    }
+    if (!missing.empty()) {
+      auto s = store_->Check(missing);
+      if (!s.ok()) {
+        Close(c, absl::StrCat("WAIT failed: ", s.status().message()), false);
+        return;
+      }
+      if (s->all_exist) missing.clear();
+    }
+    if (missing.empty()) {
+      StopWaiting(c);
+      return;
+    }
+    c.block = Block::kWait;
+    ++blocked_;
+    const uint64_t id = c.id;
+    const uint64_t seq = ++c.seq;
+    if (*c.dialect == Dialect::kTorch21) {
+      // A QUEUE_PUSH to one of the keys may end the wait instead.
+      for (const std::string& k : missing) queue_waiters_[k].insert(id);
+      c.wait_keys = missing;
+    }
+    c.wait_id = store_->WaitForKeys(
+        std::move(missing), /*read_values=*/false, absl::InfiniteDuration(),
+        [this, id, seq](absl::StatusOr<store::ReadResult> result) {
+          Post([this, id, seq, status = result.status()] {
+            if (Conn* c = Find(id); c != nullptr) Complete(*c, seq, status);
+          });
+        });
+  }
+
+  void StartBarrier(Conn& c, absl::string_view key, int64_t target,
+                    int64_t revision) {
+    Barrier& b = barriers_[key];
+    if (b.watch == 0) {
+      std::string k(key);
+      auto watch = store_->Watch(
+          key, revision + 1,
+          [this, k](std::vector<store::Event> events) {
+            std::optional<int64_t> latest;
+            for (const store::Event& e : events) {
+              int64_t v = 0;
+              if (e.key == k && e.value != nullptr &&
+                  absl::SimpleAtoi(*e.value, &v)) {
+                latest = v;
+              }
+            }
+            if (latest.has_value()) {
+              Post([this, k, v = *latest] { OnBarrierCount(k, v); });
+            }
+          },
+          [this, k](absl::Status status) {
+            Post([this, k, status] { OnBarrierClosed(k, status); });
+          });
+      if (!watch.ok()) {
+        barriers_.erase(key);
+        Close(c, absl::StrCat("BARRIER failed: ", watch.status().message()),
+              false);
+        return;
+      }
+      b.watch = watch->id;
+    }
+    c.block = Block::kBarrier;
+    ++blocked_;
+    c.barrier_key = std::string(key);
+    b.waiting[c.id] = {++c.seq, target};
+  }
+
+  void OnBarrierCount(const std::string& key, int64_t count) {
+    auto it = barriers_.find(key);
+    if (it == barriers_.end()) return;
+    std::vector<uint64_t> done;
+    for (const auto& [id, wait] : it->second.waiting) {
+      if (count >= wait.second) done.push_back(id);
+    }
+    for (uint64_t id : done) {
+      it = barriers_.find(key);
+      if (it == barriers_.end()) return;
+      auto wait = it->second.waiting.find(id);
+      Conn* c = Find(id);
+      if (wait == it->second.waiting.end() || c == nullptr) continue;
+      Complete(*c, wait->second.first, absl::OkStatus());
+    }
+  }
+
+  void OnBarrierClosed(const std::string& key, const absl::Status& status) {
+    auto it = barriers_.find(key);
+    if (it == barriers_.end()) return;
+    std::vector<uint64_t> ids;
+    for (const auto& [id, wait] : it->second.waiting) ids.push_back(id);
+    it->second.watch = 0;  // Ended by the store; nothing to cancel.
+    for (uint64_t id : ids) {
+      if (Conn* c = Find(id)) {
+        Close(*c, absl::StrCat("BARRIER ended: ", status.message()), false);
+      }
+    }
+  }
+
+  // Ends the connection's blocked request with STOP_WAITING (or closes it
+  // with the store's error), then carries on with what it sent since.
+  void Complete(Conn& c, uint64_t seq, const absl::Status& status) {
+    if (c.closing || c.block == Block::kNone || c.seq != seq) return;
+    if (!status.ok()) {
+      Close(c, absl::StrCat("wait ended: ", status.message()), false);
+      return;
+    }
+    ClearBlock(c);
+    StopWaiting(c);
+    if (!c.in.empty() && c.in.size() >= c.need) {
+      c.in.erase(0, Process(c, c.in));
+    }
+    Flush(c);
+    UpdateReading(c);
+  }
+
+  void WakeQueueWaiter(const std::string& key) {
+    auto it = queue_waiters_.find(key);
+    if (it == queue_waiters_.end()) return;
+    // One waiter per push: the one that pops it.
+    while (it != queue_waiters_.end() && !it->second.empty()) {
+      const uint64_t id = *it->second.begin();
+      it->second.erase(it->second.begin());
+      Conn* c = Find(id);
+      if (c == nullptr || c->block != Block::kWait) continue;
+      std::vector<absl::string_view> keys(c->wait_keys.begin(),
+                                          c->wait_keys.end());
+      absl::StatusOr<bool> all = AllExist(keys);
+      if (all.ok() && *all) {
+        store_->CancelWait(c->wait_id);
+        Complete(*c, c->seq, absl::OkStatus());
+        break;
+      }
+      it = queue_waiters_.find(key);
+    }
+    it = queue_waiters_.find(key);
+    if (it != queue_waiters_.end() && it->second.empty()) {
+      queue_waiters_.erase(it);
+    }
+  }
+
+  // Forgets the connection's blocked request, wherever it is indexed.
+  void ClearBlock(Conn& c) {
+    if (c.block == Block::kNone) return;
+    --blocked_;
+    if (c.block == Block::kWait) {
+      for (const std::string& k : c.wait_keys) {
+        auto it = queue_waiters_.find(k);
+        if (it == queue_waiters_.end()) continue;
+        it->second.erase(c.id);
+        if (it->second.empty()) queue_waiters_.erase(it);
+      }
+      c.wait_keys.clear();
+      c.wait_id = 0;
+    } else {
+      auto it = barriers_.find(c.barrier_key);
+      if (it != barriers_.end()) {
+        it->second.waiting.erase(c.id);
+        if (it->second.waiting.empty()) {
+          if (it->second.watch != 0) store_->CancelWatch(it->second.watch);
+          barriers_.erase(it);
+        }
+      }
+      c.barrier_key.clear();
+    }
+    c.block = Block::kNone;
+    ++c.seq;
+  }
+
+  void CancelBlock(Conn& c) {
+    if (c.block == Block::kWait) store_->CancelWait(c.wait_id);
+    ClearBlock(c);
+  }
+
+  // ---- cross-thread hand-off ----
+
+  // Runs `fn` on the loop thread: after the current callback when called
+  // from it (a write on this loop completing a wait), else soon.
+  void Post(std::function<void()> fn) {
+    if (std::this_thread::get_id() == loop_thread_) {
+      local_.push_back(std::move(fn));
+      return;
+    }
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    posted_.push_back(std::move(fn));
+    uv_async_send(&async_);
+  }
+
+  void RunLocal() {
+    while (!local_.empty()) {
+      std::vector<std::function<void()>> batch;
+      batch.swap(local_);
+      for (auto& fn : batch) fn();
+    }
+  }
+
+  void RunPosted() {
+    std::vector<std::function<void()>> batch;
+    bool stop = false;
+    {
+      absl::MutexLock lock(&mu_);
+      batch.swap(posted_);
+      stop = stop_requested_;
+    }
+    for (auto& fn : batch) fn();
+    RunLocal();
+    if (stop) Shutdown();
+  }
+
+  void Shutdown() {
+    uv_close(reinterpret_cast<uv_handle_t*>(&listener_), nullptr);
+    std::vector<Conn*> all;
+    for (auto& [id, c] : conns_) all.push_back(c);
+    for (Conn* c : all) Close(*c, "", false);
+    for (auto& [key, b] : barriers_) {
+      if (b.watch != 0) store_->CancelWatch(b.watch);
+    }
+    barriers_.clear();
+    {
+      absl::MutexLock lock(&mu_);
+      stopped_ = true;
+    }
+    uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
+  }
+
+  void LogLimited(std::string line) {
+    if (!options_.log) return;
+    const absl::Time now = absl::Now();
+    if (now - last_log_ < options_.log_every) {
+      ++suppressed_;
+      return;
+    }
+    last_log_ = now;
+    if (suppressed_ > 0) {
+      absl::StrAppend(&line, " (and ", suppressed_,
+                      " more such lines since the last one)");
+    }
+    suppressed_ = 0;
+    options_.log(line);
+  }
+
+  store::KvStore* const store_;
+  const TcpStoreServerOptions options_;
+  tcpstore::Limits limits_;
+
+  uv_loop_t loop_;
+  uv_tcp_t listener_;
+  uv_async_t async_;
+  std::thread thread_;
+  std::thread::id loop_thread_;
+  bool started_ = false;
+
+  // Loop thread only.
+  std::string read_buffer_;
+  uint64_t next_conn_id_ = 1;
+  absl::flat_hash_map<uint64_t, Conn*> conns_;
+  absl::flat_hash_map<std::string, std::deque<std::string>> queues_;
+  absl::flat_hash_map<std::string, absl::flat_hash_set<uint64_t>>
+      queue_waiters_;
+  absl::flat_hash_map<std::string, Barrier> barriers_;
+  std::vector<std::function<void()>> local_;
+  absl::Time last_log_ = absl::InfinitePast();
+  uint64_t suppressed_ = 0;
+
+  absl::Mutex mu_;
+  std::vector<std::function<void()>> posted_ ABSL_GUARDED_BY(mu_);
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::atomic<size_t> connections_{0};
+  std::atomic<size_t> blocked_{0};
+  std::atomic<uint64_t> accepted_{0};
+  std::atomic<uint64_t> closed_bad_input_{0};
+  std::atomic<uint64_t> requests_{0};
+};
+
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
+    store::KvStore* store, TcpStoreServerOptions options) {
+  int port = 0;
+  absl::StatusOr<int> fd = ListenExclusive(options.listen, &port);
+  if (!fd.ok()) return fd.status();
+  std::unique_ptr<TcpStoreServer> server(new TcpStoreServer);
+  server->port_ = port;
+  server->loop_ = std::make_unique<Loop>(store, std::move(options));
+  if (absl::Status s = server->loop_->Start(*fd); !s.ok()) return s;
+  return server;
+}
+
+TcpStoreServer::~TcpStoreServer() { Stop(); }
+
+void TcpStoreServer::Stop() {
+  if (loop_ != nullptr) loop_->Stop();
+}
+
+TcpStoreServerStats TcpStoreServer::stats() { return loop_->Stats(); }
+
+}  // namespace cohort::server

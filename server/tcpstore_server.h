@@ -1,0 +1,96 @@
+// TcpStoreServer: cohortd's listener for PyTorch's TCPStore wire protocol,
+// so an unmodified torch job (TCPStore(host, port, is_master=False), or
+// torchrun --rdzv_backend=c10d) uses cohortd as its store.
+//
+// It serves the same KvStore as the gRPC services: a key set by a torch
+// client is what cohortctl sees, and the reverse. Each connection speaks the
+// dialect its first bytes announce (proto/tcpstore/wire.h). Requests are
+// applied in order and a reply is sent only after the request's change is
+// in the store's write-ahead log; requests without a reply (SET, APPEND,
+// MULTI_SET) are applied before anything after them is answered.
+//
+// One libuv event loop thread serves every connection. A blocked WAIT,
+// BARRIER or queue pop holds no thread: it is an entry in the store's wait
+// index, completed by whichever write (by either protocol) satisfies it.
+// Bad input (an unknown query type, a length over the limits, an HTTP
+// request from a port scanner) closes that connection alone, with a
+// rate-limited log line naming the peer and the reason. A client that
+// does not read its replies stops being read from once max_unsent_bytes
+// are queued for it.
+//
+// Queues (QUEUE_PUSH/POP/LEN, PyTorch 2.4+) live in memory: they are not
+// in the KvStore, not durable and not visible to gRPC.
+#ifndef COHORT_SERVER_TCPSTORE_SERVER_H_
+#define COHORT_SERVER_TCPSTORE_SERVER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "store/kv_store.h"
+
+namespace cohort::server {
+
+struct TcpStoreServerOptions {
+  // HOST:PORT; port 0 picks a free one (see port()). 29400 is what
+  // torchrun's c10d rendezvous dials by default.
+  std::string listen = "0.0.0.0:29400";
+  // Connections open at once; one more is closed as soon as it is accepted.
+  size_t max_connections = 16384;
+  // The most bytes one request may take (a big MULTI_SET, say); keys,
+  // values and keys per request are bounded by the store's own limits.
+  size_t max_request_bytes = 64 << 20;
+  // Replies queued for a connection past which cohortd stops reading its
+  // requests until it reads its replies.
+  size_t max_unsent_bytes = 4 << 20;
+  // Where refused connections and bad input are reported: at most one
+  // line per log_every, with a count of the lines left out.
+  std::function<void(absl::string_view)> log;
+  absl::Duration log_every = absl::Seconds(1);
+};
+
+struct TcpStoreServerStats {
+  size_t connections = 0;     // Open now.
+  size_t blocked = 0;         // Connections waiting in WAIT or BARRIER.
+  uint64_t accepted = 0;      // Since start.
+  uint64_t closed_bad_input = 0;
+  uint64_t requests = 0;
+};
+
+class TcpStoreServer {
+ public:
+  // Binds `options.listen` exclusively and starts the loop thread. `store`
+  // must outlive the server. UNAVAILABLE naming the address if it is taken.
+  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
+      store::KvStore* store, TcpStoreServerOptions options);
+
+  // Stops if Stop was not called.
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  int port() const { return port_; }
+
+  // Closes the listening socket and every connection, then joins the loop
+  // thread. Idempotent.
+  void Stop();
+
+  // A snapshot taken on the loop thread.
+  TcpStoreServerStats stats();
+
+ private:
+  class Loop;
+  TcpStoreServer() = default;
+
+  std::unique_ptr<Loop> loop_;
+  int port_ = 0;
+};
+
+}  // namespace cohort::server
+
+#endif  // COHORT_SERVER_TCPSTORE_SERVER_H_
