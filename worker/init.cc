@@ -5,11 +5,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "client/file_store.h"
 #include "client/prefix_store.h"
 #include "client/remote_store.h"
+#include "client/tcpstore_client.h"
 #include "worker/gloo_process_group.h"
 
 namespace cohort {
@@ -55,6 +56,32 @@ absl::StatusOr<std::shared_ptr<Store>> Connect(const std::string& address,
   return std::shared_ptr<Store>(std::move(*store));
 }
 
+// tcpstore://HOST:PORT[/P][?dialect=probe|1.13|2.1]: a PyTorch TCPStore
+// server, or cohortd's TCPStore port. Keys go under torch's "/" so that
+// torch clients of the same server see them ("cohort/pg/...").
+absl::StatusOr<std::shared_ptr<Store>> ConnectTcpStore(
+    absl::string_view address, absl::string_view query,
+    absl::Duration timeout) {
+  TcpStoreClientOptions options;
+  options.address = std::string(address);
+  options.connect_timeout = timeout;
+  options.key_prefix = "/";
+  options.dialect = TcpStoreDialect::kProbe;
+  if (query == "dialect=1.13") {
+    options.dialect = TcpStoreDialect::kTorch113;
+  } else if (query == "dialect=2.1") {
+    options.dialect = TcpStoreDialect::kTorch21;
+  } else if (!query.empty() && query != "dialect=probe") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tcpstore://: unknown query '", query,
+        "': use ?dialect=probe (the default), ?dialect=1.13 or ?dialect=2.1"));
+  }
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> store =
+      TcpStoreClient::Connect(options);
+  if (!store.ok()) return store.status();
+  return std::shared_ptr<Store>(std::move(*store));
+}
+
 absl::StatusOr<Rendezvous> FromEnv(int rank, int world_size,
                                    absl::Duration timeout) {
   Rendezvous r;
@@ -91,8 +118,9 @@ absl::StatusOr<Rendezvous> FromEnv(int rank, int world_size,
 absl::StatusOr<Rendezvous> FromUrl(absl::string_view init_method, int rank,
                                    int world_size, absl::Duration timeout) {
   if (rank < 0 || world_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        init_method, ": give rank and world_size (only env:// reads them from "
+    return absl::InvalidArgumentError(
+        absl::StrCat(init_method,
+                     ": give rank and world_size (only env:// reads them from "
                      "the environment)"));
   }
   Rendezvous r;
@@ -101,9 +129,9 @@ absl::StatusOr<Rendezvous> FromUrl(absl::string_view init_method, int rank,
   absl::string_view rest = init_method;
   if (absl::ConsumePrefix(&rest, "file://")) {
     if (rest.empty() || rest[0] != '/') {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "file:// needs an absolute path (file:///path), got '", init_method,
-          "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("file:// needs an absolute path (file:///path), got '",
+                       init_method, "'"));
     }
     absl::StatusOr<std::unique_ptr<FileStore>> store =
         FileStore::Open(std::string(rest), world_size);
@@ -112,19 +140,27 @@ absl::StatusOr<Rendezvous> FromUrl(absl::string_view init_method, int rank,
     r.prefix = std::string(kDefaultPrefix);
     return r;
   }
-  if (!absl::ConsumePrefix(&rest, "cohort://") &&
+  const bool tcpstore = absl::ConsumePrefix(&rest, "tcpstore://");
+  if (!tcpstore && !absl::ConsumePrefix(&rest, "cohort://") &&
       !absl::ConsumePrefix(&rest, "tcp://")) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown init_method '", init_method,
-        "': use env://, cohort://HOST:PORT[/prefix], tcp://HOST:PORT or "
-        "file:///path"));
+        "': use env://, cohort://HOST:PORT[/prefix], tcp://HOST:PORT, "
+        "tcpstore://HOST:PORT[/prefix][?dialect=1.13|2.1] or file:///path"));
+  }
+  absl::string_view query;
+  if (const size_t q = rest.find('?'); tcpstore && q != rest.npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
   }
   const size_t slash = rest.find('/');
   const std::string address(rest.substr(0, slash));
   r.prefix = slash == absl::string_view::npos || slash + 1 == rest.size()
                  ? std::string(kDefaultPrefix)
                  : std::string(rest.substr(slash + 1));
-  absl::StatusOr<std::shared_ptr<Store>> store = Connect(address, timeout);
+  absl::StatusOr<std::shared_ptr<Store>> store =
+      tcpstore ? ConnectTcpStore(address, query, timeout)
+               : Connect(address, timeout);
   if (!store.ok()) return store.status();
   r.store = std::move(*store);
   return r;
@@ -136,8 +172,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
     absl::string_view backend, absl::string_view init_method, int rank,
     int world_size, const InitOptions& options) {
   if (backend != "gloo") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown backend '", backend, "': this build has gloo"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown backend '", backend, "': this build has gloo"));
   }
   const absl::Duration timeout = options.group.timeout;
   absl::StatusOr<Rendezvous> r =
@@ -145,9 +181,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
                               : FromUrl(init_method, rank, world_size, timeout);
   if (!r.ok()) return r.status();
   if (r->world_size < 1 || r->rank < 0 || r->rank >= r->world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", r->rank, " is not in [0, world_size=",
-                     r->world_size, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r->rank, " is not in [0, world_size=", r->world_size, ")"));
   }
   auto store = std::make_shared<PrefixStore>(r->prefix, std::move(r->store));
 

@@ -1,15 +1,20 @@
 // InitProcessGroup with every init method, ranks as forked processes.
 #include "worker/init.h"
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/tcpstore_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cohortd_process.h"
@@ -64,7 +69,8 @@ TEST(InitTest, FileInitNeedsNoCoordinatorAndCleansUp) {
   std::filesystem::remove(path);
   for (int world : {1, 3}) {
     std::vector<int> codes = RunRanks(world, [&](int rank) {
-      auto pg = InitProcessGroup("gloo", "file://" + path, rank, world, Quick());
+      auto pg =
+          InitProcessGroup("gloo", "file://" + path, rank, world, Quick());
       return pg.ok() && SumRanks(**pg);
     });
     EXPECT_THAT(codes, ::testing::Each(0)) << "world " << world;
@@ -110,11 +116,56 @@ TEST_F(WithCohortd, TcpInitTwiceInOneStoreGetsFreshKeys) {
       auto pg = InitProcessGroup("gloo", url, rank, 3, Quick());
       if (!pg.ok() || !SumRanks(**pg)) return false;
     }
-    auto pg = InitProcessGroup("gloo", absl::StrCat("cohort://", server_->address()),
-                               rank, 3, Quick());
+    auto pg =
+        InitProcessGroup("gloo", absl::StrCat("cohort://", server_->address()),
+                         rank, 3, Quick());
     return pg.ok() && SumRanks(**pg);
   });
   EXPECT_THAT(codes, ::testing::Each(0));
+}
+
+// Bootstraps through Debian's own PyTorch 1.13 TCPStore server.
+TEST(InitTest, TcpStoreInitThroughTorchsServer) {
+  FILE* server = popen(
+      "exec /usr/bin/python3 -c '\n"
+      "import os, sys, time\n"
+      "try:\n"
+      "    import torch.distributed as dist\n"
+      "except Exception as e:\n"
+      "    print(\"NOTORCH\", e, flush=True)\n"
+      "    sys.exit(3)\n"
+      "s = dist.TCPStore(\"127.0.0.1\", 0, is_master=True,\n"
+      "                  wait_for_workers=False)\n"
+      "print(s.port, os.getpid(), flush=True)\n"
+      "time.sleep(600)\n'",
+      "r");
+  ASSERT_NE(server, nullptr);
+  char line[256] = {0};
+  const bool got_line = fgets(line, sizeof(line), server) != nullptr;
+  std::vector<std::string> fields = absl::StrSplit(line, ' ');
+  int port = 0, pid = 0;
+  if (!got_line || fields.size() != 2 || !absl::SimpleAtoi(fields[0], &port) ||
+      !absl::SimpleAtoi(fields[1], &pid)) {
+    pclose(server);
+    FAIL() << "no torch TCPStore server (got '" << line
+           << "'): /usr/bin/python3 must import torch; run tools/setup.sh";
+  }
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  std::vector<int> codes = RunRanks(2, [&](int rank) {
+    auto pg = InitProcessGroup("gloo", "tcpstore://" + address + "/job3", rank,
+                               2, Quick());
+    if (!pg.ok()) std::fprintf(stderr, "%s\n", pg.status().ToString().c_str());
+    return pg.ok() && SumRanks(**pg);
+  });
+  EXPECT_THAT(codes, ::testing::Each(0));
+  // The keys are where a torch client of the same server finds them.
+  auto store = TcpStoreClient::Connect(
+      {.address = address, .dialect = TcpStoreDialect::kTorch113});
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Get("/job3/pg/created", absl::Seconds(1)).value_or("?"),
+            "2");
+  kill(pid, SIGKILL);
+  pclose(server);
 }
 
 TEST(InitTest, BadInitIsAClearError) {
@@ -131,6 +182,9 @@ TEST(InitTest, BadInitIsAClearError) {
                  "absolute path");
   expect_invalid(InitProcessGroup("gloo", "tcp://127.0.0.1:1"),
                  "give rank and world_size");
+  expect_invalid(
+      InitProcessGroup("gloo", "tcpstore://127.0.0.1:1?dialect=3", 0, 1),
+      "unknown query 'dialect=3'");
   unsetenv("RANK");
   expect_invalid(InitProcessGroup("gloo", "env://"), "RANK");
   setenv("RANK", "x", 1);
