@@ -42,35 +42,35 @@ using tcpstore::WaitReply;
 // cost no read buffers.
 constexpr size_t kReadBufferBytes = 64 << 10;
 
-std::string PeerName(const uv_tcp_t* tcp) {
+std::string PeerName(const uv_tcp_t *tcp) {
   struct sockaddr_storage addr = {};
   int len = sizeof(addr);
-  if (uv_tcp_getpeername(tcp, reinterpret_cast<struct sockaddr*>(&addr),
+  if (uv_tcp_getpeername(tcp, reinterpret_cast<struct sockaddr *>(&addr),
                          &len) != 0) {
     return "unknown peer";
   }
   char host[INET6_ADDRSTRLEN] = {};
   if (addr.ss_family == AF_INET6) {
-    const auto* a6 = reinterpret_cast<const struct sockaddr_in6*>(&addr);
+    const auto *a6 = reinterpret_cast<const struct sockaddr_in6 *>(&addr);
     uv_ip6_name(a6, host, sizeof(host));
     return absl::StrCat("[", host, "]:", ntohs(a6->sin6_port));
   }
-  const auto* a4 = reinterpret_cast<const struct sockaddr_in*>(&addr);
+  const auto *a4 = reinterpret_cast<const struct sockaddr_in *>(&addr);
   uv_ip4_name(a4, host, sizeof(host));
   return absl::StrCat(host, ":", ntohs(a4->sin_port));
 }
 
-std::vector<std::string> Strings(const std::vector<absl::string_view>& views) {
+std::vector<std::string> Strings(const std::vector<absl::string_view> &views) {
   return std::vector<std::string>(views.begin(), views.end());
 }
 
-}  // namespace
+} // namespace
 
 class TcpStoreServer::Loop {
- public:
-  Loop(store::KvStore* store, TcpStoreServerOptions options)
+public:
+  Loop(store::KvStore *store, TcpStoreServerOptions options)
       : store_(store), options_(std::move(options)) {
-    const store::StoreLimits& l = store_->limits();
+    const store::StoreLimits &l = store_->limits();
     limits_.max_key_bytes = l.max_key_bytes;
     limits_.max_value_bytes = l.max_value_bytes;
     limits_.max_keys_per_call = l.max_keys_per_call;
@@ -91,7 +91,7 @@ class TcpStoreServer::Loop {
       return absl::InternalError(
           absl::StrCat("uv_tcp_open: ", uv_strerror(rc)));
     }
-    if (int rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_),
+    if (int rc = uv_listen(reinterpret_cast<uv_stream_t *>(&listener_),
                            MaxBacklog(), &Loop::OnConnection);
         rc != 0) {
       return absl::InternalError(absl::StrCat("uv_listen: ", uv_strerror(rc)));
@@ -105,10 +105,12 @@ class TcpStoreServer::Loop {
   }
 
   void Stop() {
-    if (!started_) return;
+    if (!started_)
+      return;
     {
       absl::MutexLock lock(&mu_);
-      if (stop_requested_) return;
+      if (stop_requested_)
+        return;
       stop_requested_ = true;
     }
     uv_async_send(&async_);
@@ -126,12 +128,12 @@ class TcpStoreServer::Loop {
     return s;
   }
 
- private:
+private:
   enum class Block { kNone, kWait, kBarrier };
 
   struct Conn {
     uv_tcp_t tcp;
-    Loop* loop = nullptr;
+    Loop *loop = nullptr;
     uint64_t id = 0;
     std::string peer;
     std::optional<Dialect> dialect;
@@ -142,7 +144,7 @@ class TcpStoreServer::Loop {
     bool reading = false;
     bool closing = false;
     Block block = Block::kNone;
-    uint64_t seq = 0;  // Numbers blocking requests; stale completions differ.
+    uint64_t seq = 0; // Numbers blocking requests; stale completions differ.
     store::KvStore::WaitId wait_id = 0;
     std::vector<std::string> wait_keys;
     std::string barrier_key;
@@ -162,22 +164,22 @@ class TcpStoreServer::Loop {
 
   // ---- libuv callbacks (loop thread) ----
 
-  static void OnAsync(uv_async_t* handle) {
-    static_cast<Loop*>(handle->data)->RunPosted();
+  static void OnAsync(uv_async_t *handle) {
+    static_cast<Loop *>(handle->data)->RunPosted();
   }
 
-  static void OnConnection(uv_stream_t* server, int status) {
-    static_cast<Loop*>(server->data)->Accept(status);
+  static void OnConnection(uv_stream_t *server, int status) {
+    static_cast<Loop *>(server->data)->Accept(status);
   }
 
-  static void OnAlloc(uv_handle_t* handle, size_t, uv_buf_t* buf) {
-    Loop* loop = static_cast<Conn*>(handle->data)->loop;
+  static void OnAlloc(uv_handle_t *handle, size_t, uv_buf_t *buf) {
+    Loop *loop = static_cast<Conn *>(handle->data)->loop;
     *buf = uv_buf_init(loop->read_buffer_.data(), loop->read_buffer_.size());
   }
 
-  static void OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
-    Conn* c = static_cast<Conn*>(stream->data);
-    Loop* loop = c->loop;
+  static void OnRead(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
+    Conn *c = static_cast<Conn *>(stream->data);
+    Loop *loop = c->loop;
     if (nread < 0) {
       loop->Close(*c,
                   nread == UV_EOF || nread == UV_ECONNRESET
@@ -190,24 +192,25 @@ class TcpStoreServer::Loop {
     loop->RunLocal();
   }
 
-  static void OnWritten(uv_write_t* req, int status) {
-    auto* w = reinterpret_cast<WriteReq*>(req);
-    Conn* c = static_cast<Conn*>(req->data);
+  static void OnWritten(uv_write_t *req, int status) {
+    auto *w = reinterpret_cast<WriteReq *>(req);
+    Conn *c = static_cast<Conn *>(req->data);
     c->unsent -= w->data.size();
     delete w;
-    if (c->closing) return;
-    Loop* loop = c->loop;
+    if (c->closing)
+      return;
+    Loop *loop = c->loop;
     if (status < 0) {
       loop->Close(*c, absl::StrCat("write failed: ", uv_strerror(status)),
                   false);
       return;
     }
-    loop->Flush(*c);
-    loop->UpdateReading(*c);
+    loop->Resume(*c);
+    loop->RunLocal();
   }
 
-  static void OnClosed(uv_handle_t* handle) {
-    delete static_cast<Conn*>(handle->data);
+  static void OnClosed(uv_handle_t *handle) {
+    delete static_cast<Conn *>(handle->data);
   }
 
   // ---- connections ----
@@ -218,13 +221,13 @@ class TcpStoreServer::Loop {
                               uv_strerror(status)));
       return;
     }
-    auto* c = new Conn;
+    auto *c = new Conn;
     c->loop = this;
     uv_tcp_init(&loop_, &c->tcp);
     c->tcp.data = c;
-    if (uv_accept(reinterpret_cast<uv_stream_t*>(&listener_),
-                  reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0) {
-      uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), &Loop::OnClosed);
+    if (uv_accept(reinterpret_cast<uv_stream_t *>(&listener_),
+                  reinterpret_cast<uv_stream_t *>(&c->tcp)) != 0) {
+      uv_close(reinterpret_cast<uv_handle_t *>(&c->tcp), &Loop::OnClosed);
       return;
     }
     ++accepted_;
@@ -232,7 +235,7 @@ class TcpStoreServer::Loop {
       LogLimited(absl::StrCat("refusing TCPStore connection from ",
                               PeerName(&c->tcp), ": ", conns_.size(),
                               " connections are open (max_connections)"));
-      uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), &Loop::OnClosed);
+      uv_close(reinterpret_cast<uv_handle_t *>(&c->tcp), &Loop::OnClosed);
       return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
@@ -243,34 +246,42 @@ class TcpStoreServer::Loop {
     UpdateReading(*c);
   }
 
-  Conn* Find(uint64_t id) {
+  Conn *Find(uint64_t id) {
     auto it = conns_.find(id);
     return it == conns_.end() ? nullptr : it->second;
   }
 
-  void Close(Conn& c, absl::string_view why, bool bad_input) {
-    if (c.closing) return;
+  void Close(Conn &c, absl::string_view why, bool bad_input) {
+    if (c.closing)
+      return;
     if (!why.empty()) {
-      LogLimited(absl::StrCat("closing TCPStore connection from ", c.peer,
-                              ": ", why));
+      LogLimited(
+          absl::StrCat("closing TCPStore connection from ", c.peer, ": ", why));
     }
-    if (bad_input) ++closed_bad_input_;
+    if (bad_input)
+      ++closed_bad_input_;
     CancelBlock(c);
     c.closing = true;
     conns_.erase(c.id);
     connections_ = conns_.size();
-    uv_close(reinterpret_cast<uv_handle_t*>(&c.tcp), &Loop::OnClosed);
+    uv_close(reinterpret_cast<uv_handle_t *>(&c.tcp), &Loop::OnClosed);
+  }
+
+  bool Backlogged(const Conn &c) const {
+    return c.unsent + c.out.size() > options_.max_unsent_bytes;
   }
 
   // Reads while the connection can use more input: not while its replies
-  // pile up unread, nor while it is blocked with a request already waiting.
-  void UpdateReading(Conn& c) {
-    if (c.closing) return;
+  // pile up unread, nor while complete requests wait in `in` (behind a
+  // blocked one, or for the replies to drain).
+  void UpdateReading(Conn &c) {
+    if (c.closing)
+      return;
     const bool want =
-        c.unsent + c.out.size() <= options_.max_unsent_bytes &&
-        !(c.block != Block::kNone && c.in.size() >= kReadBufferBytes);
-    if (want == c.reading) return;
-    auto* stream = reinterpret_cast<uv_stream_t*>(&c.tcp);
+        !Backlogged(c) && !(!c.in.empty() && c.in.size() >= c.need);
+    if (want == c.reading)
+      return;
+    auto *stream = reinterpret_cast<uv_stream_t *>(&c.tcp);
     if (want) {
       uv_read_start(stream, &Loop::OnAlloc, &Loop::OnRead);
     } else {
@@ -279,18 +290,21 @@ class TcpStoreServer::Loop {
     c.reading = want;
   }
 
-  void Flush(Conn& c) {
-    if (c.closing || c.out.empty() || c.unsent > 0) return;
-    auto* stream = reinterpret_cast<uv_stream_t*>(&c.tcp);
+  void Flush(Conn &c) {
+    if (c.closing || c.out.empty() || c.unsent > 0)
+      return;
+    auto *stream = reinterpret_cast<uv_stream_t *>(&c.tcp);
     uv_buf_t b = uv_buf_init(c.out.data(), c.out.size());
     int n = uv_try_write(stream, &b, 1);
     if (n < 0 && n != UV_EAGAIN) {
       Close(c, absl::StrCat("write failed: ", uv_strerror(n)), false);
       return;
     }
-    if (n > 0) c.out.erase(0, n);
-    if (c.out.empty()) return;
-    auto* w = new WriteReq;
+    if (n > 0)
+      c.out.erase(0, n);
+    if (c.out.empty())
+      return;
+    auto *w = new WriteReq;
     w->data = std::move(c.out);
     c.out.clear();
     w->buf = uv_buf_init(w->data.data(), w->data.size());
@@ -300,7 +314,7 @@ class TcpStoreServer::Loop {
   }
 
   // Applies the complete requests in `bytes` and keeps the rest.
-  void Consume(Conn& c, absl::string_view bytes) {
+  void Consume(Conn &c, absl::string_view bytes) {
     if (c.in.empty()) {
       const size_t used = Process(c, bytes);
       if (!c.closing && used < bytes.size()) {
@@ -308,7 +322,8 @@ class TcpStoreServer::Loop {
       }
     } else {
       c.in.append(bytes.data(), bytes.size());
-      if (c.in.size() >= c.need) c.in.erase(0, Process(c, c.in));
+      if (c.in.size() >= c.need)
+        c.in.erase(0, Process(c, c.in));
     }
     if (c.in.empty() && c.in.capacity() > kReadBufferBytes) {
       std::string().swap(c.in);
@@ -319,10 +334,10 @@ class TcpStoreServer::Loop {
 
   // Parses and applies requests from the front of `bytes` until one is
   // incomplete or blocks. Returns the bytes used.
-  size_t Process(Conn& c, absl::string_view bytes) {
+  size_t Process(Conn &c, absl::string_view bytes) {
     size_t pos = 0;
     c.need = 0;
-    while (!c.closing && pos < bytes.size()) {
+    while (!c.closing && pos < bytes.size() && !Backlogged(c)) {
       absl::string_view rest = bytes.substr(pos);
       if (!c.dialect.has_value()) {
         c.dialect = tcpstore::DetectDialect(rest);
@@ -368,150 +383,162 @@ class TcpStoreServer::Loop {
 
   // ---- requests ----
 
-  void Handle(Conn& c, const Request& r) {
+  void Handle(Conn &c, const Request &r) {
     Encoder reply(&c.out);
-    auto fail = [&](absl::string_view what, const absl::Status& status) {
+    auto fail = [&](absl::string_view what, const absl::Status &status) {
       Close(c, absl::StrCat(what, " failed: ", status.message()), false);
     };
     switch (r.op) {
-      case Op::kValidate:
-        if (r.word != tcpstore::kValidateMagic) {
-          Close(c,
-                absl::StrFormat("VALIDATE with magic 0x%08x, not 0x%08x",
-                                r.word, tcpstore::kValidateMagic),
-                true);
-        }
-        return;
-      case Op::kPing:
-        reply.U32(r.word);
-        return;
-      case Op::kSet:
-        if (auto s = store_->Set(r.key, r.value); !s.ok()) {
-          fail("SET", s.status());
-        }
-        return;
-      case Op::kAppend:
-        if (auto s = store_->Append(r.key, r.value); !s.ok()) {
-          fail("APPEND", s.status());
-        }
-        return;
-      case Op::kMultiSet:
-        if (auto s = store_->MultiSet(Strings(r.keys), Strings(r.values));
-            !s.ok()) {
-          fail("MULTI_SET", s.status());
-        }
-        return;
-      case Op::kCompareSet: {
-        auto s = store_->CompareSet(r.key, r.expected, r.value);
-        if (!s.ok()) return fail("COMPARE_SET", s.status());
-        reply.Bytes(s->value);
-        return;
-      }
-      case Op::kGet: {
-        auto s = store_->TryGet(r.key);
-        if (!s.ok()) return fail("GET", s.status());
-        if (s->has_value()) {
-          reply.Bytes(**s);
-        } else if (*c.dialect == Dialect::kTorch21) {
-          reply.Bytes("");
-        } else {
-          // 1.13's server drops such a connection too; its client always
-          // waits for the key before getting it.
-          Close(c,
-                absl::StrCat("GET of missing key \"", absl::CHexEscape(r.key),
-                             "\""),
-                false);
-        }
-        return;
-      }
-      case Op::kAdd: {
-        auto s = store_->Add(r.key, r.number);
-        if (!s.ok()) return fail("ADD", s.status());
-        reply.I64(s->value);
-        return;
-      }
-      case Op::kCheck: {
-        absl::StatusOr<bool> all = AllExist(r.keys);
-        if (!all.ok()) return fail("CHECK", all.status());
-        reply.U8(static_cast<uint8_t>(*all ? CheckReply::kReady
-                                           : CheckReply::kNotReady));
-        return;
-      }
-      case Op::kWait:
-        StartWait(c, r.keys);
-        return;
-      case Op::kNumKeys: {
-        auto s = store_->NumKeys();
-        if (!s.ok()) return fail("GETNUMKEYS", s.status());
-        reply.I64(s->num_keys);
-        return;
-      }
-      case Op::kDeleteKey: {
-        auto s = store_->Delete(r.key);
-        if (!s.ok()) return fail("DELETE_KEY", s.status());
-        reply.I64(s->deleted ? 1 : 0);
-        return;
-      }
-      case Op::kMultiGet:
-        for (absl::string_view key : r.keys) {
-          auto s = store_->TryGet(key);
-          if (!s.ok()) return fail("MULTI_GET", s.status());
-          reply.Bytes(s->has_value() ? absl::string_view(**s) : "");
-        }
-        return;
-      case Op::kCancelWait:
-        CancelBlock(c);
-        reply.U8(static_cast<uint8_t>(WaitReply::kWaitCanceled));
-        return;
-      case Op::kListKeys: {
-        std::vector<std::string> keys;
-        std::string token;
-        do {
-          auto page = store_->ListKeys("", 0, token);
-          if (!page.ok()) return fail("LIST_KEYS", page.status());
-          for (std::string& k : page->keys) keys.push_back(std::move(k));
-          token = std::move(page->next_page_token);
-        } while (!token.empty());
-        reply.I64(keys.size());
-        for (const std::string& k : keys) reply.Bytes(k);
-        return;
-      }
-      case Op::kBarrier: {
-        auto s = store_->Add(r.key, 1);
-        if (!s.ok()) return fail("BARRIER", s.status());
-        if (s->value >= r.number) {
-          reply.U8(static_cast<uint8_t>(WaitReply::kStopWaiting));
-        } else {
-          StartBarrier(c, r.key, r.number, s->revision);
-        }
-        return;
-      }
-      case Op::kQueuePush:
-        queues_[r.key].emplace_back(r.value);
-        WakeQueueWaiter(std::string(r.key));
-        return;
-      case Op::kQueuePop: {
-        auto it = queues_.find(r.key);
-        const int64_t size = it == queues_.end() ? 0 : it->second.size();
-        reply.I64(size);
-        if (size > 0) {
-          reply.Bytes(it->second.front());
-          it->second.pop_front();
-          if (it->second.empty()) queues_.erase(it);
-        }
-        return;
-      }
-      case Op::kQueueLen: {
-        auto it = queues_.find(r.key);
-        reply.I64(it == queues_.end() ? 0 : it->second.size());
-        return;
-      }
-      case Op::kWatchKey:
+    case Op::kValidate:
+      if (r.word != tcpstore::kValidateMagic) {
         Close(c,
-              "WATCH_KEY is not supported (PyTorch removed Store.watch_key in "
-              "2.1); watch keys with `cohortctl watch` or the gRPC Watch call",
+              absl::StrFormat("VALIDATE with magic 0x%08x, not 0x%08x", r.word,
+                              tcpstore::kValidateMagic),
+              true);
+      }
+      return;
+    case Op::kPing:
+      reply.U32(r.word);
+      return;
+    case Op::kSet:
+      if (auto s = store_->Set(r.key, r.value); !s.ok()) {
+        fail("SET", s.status());
+      }
+      return;
+    case Op::kAppend:
+      if (auto s = store_->Append(r.key, r.value); !s.ok()) {
+        fail("APPEND", s.status());
+      }
+      return;
+    case Op::kMultiSet:
+      if (auto s = store_->MultiSet(Strings(r.keys), Strings(r.values));
+          !s.ok()) {
+        fail("MULTI_SET", s.status());
+      }
+      return;
+    case Op::kCompareSet: {
+      auto s = store_->CompareSet(r.key, r.expected, r.value);
+      if (!s.ok())
+        return fail("COMPARE_SET", s.status());
+      reply.Bytes(s->value);
+      return;
+    }
+    case Op::kGet: {
+      auto s = store_->TryGet(r.key);
+      if (!s.ok())
+        return fail("GET", s.status());
+      if (s->has_value()) {
+        reply.Bytes(**s);
+      } else if (*c.dialect == Dialect::kTorch21) {
+        reply.Bytes("");
+      } else {
+        // 1.13's server drops such a connection too; its client always
+        // waits for the key before getting it.
+        Close(c,
+              absl::StrCat("GET of missing key \"", absl::CHexEscape(r.key),
+                           "\""),
               false);
-        return;
+      }
+      return;
+    }
+    case Op::kAdd: {
+      auto s = store_->Add(r.key, r.number);
+      if (!s.ok())
+        return fail("ADD", s.status());
+      reply.I64(s->value);
+      return;
+    }
+    case Op::kCheck: {
+      absl::StatusOr<bool> all = AllExist(r.keys);
+      if (!all.ok())
+        return fail("CHECK", all.status());
+      reply.U8(static_cast<uint8_t>(*all ? CheckReply::kReady
+                                         : CheckReply::kNotReady));
+      return;
+    }
+    case Op::kWait:
+      StartWait(c, r.keys);
+      return;
+    case Op::kNumKeys: {
+      auto s = store_->NumKeys();
+      if (!s.ok())
+        return fail("GETNUMKEYS", s.status());
+      reply.I64(s->num_keys);
+      return;
+    }
+    case Op::kDeleteKey: {
+      auto s = store_->Delete(r.key);
+      if (!s.ok())
+        return fail("DELETE_KEY", s.status());
+      reply.I64(s->deleted ? 1 : 0);
+      return;
+    }
+    case Op::kMultiGet:
+      for (absl::string_view key : r.keys) {
+        auto s = store_->TryGet(key);
+        if (!s.ok())
+          return fail("MULTI_GET", s.status());
+        reply.Bytes(s->has_value() ? absl::string_view(**s) : "");
+      }
+      return;
+    case Op::kCancelWait:
+      CancelBlock(c);
+      reply.U8(static_cast<uint8_t>(WaitReply::kWaitCanceled));
+      return;
+    case Op::kListKeys: {
+      std::vector<std::string> keys;
+      std::string token;
+      do {
+        auto page = store_->ListKeys("", 0, token);
+        if (!page.ok())
+          return fail("LIST_KEYS", page.status());
+        for (std::string &k : page->keys)
+          keys.push_back(std::move(k));
+        token = std::move(page->next_page_token);
+      } while (!token.empty());
+      reply.I64(keys.size());
+      for (const std::string &k : keys)
+        reply.Bytes(k);
+      return;
+    }
+    case Op::kBarrier: {
+      auto s = store_->Add(r.key, 1);
+      if (!s.ok())
+        return fail("BARRIER", s.status());
+      if (s->value >= r.number) {
+        reply.U8(static_cast<uint8_t>(WaitReply::kStopWaiting));
+      } else {
+        StartBarrier(c, r.key, r.number, s->revision);
+      }
+      return;
+    }
+    case Op::kQueuePush:
+      queues_[r.key].emplace_back(r.value);
+      WakeQueueWaiter(std::string(r.key));
+      return;
+    case Op::kQueuePop: {
+      auto it = queues_.find(r.key);
+      const int64_t size = it == queues_.end() ? 0 : it->second.size();
+      reply.I64(size);
+      if (size > 0) {
+        reply.Bytes(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty())
+          queues_.erase(it);
+      }
+      return;
+    }
+    case Op::kQueueLen: {
+      auto it = queues_.find(r.key);
+      reply.I64(it == queues_.end() ? 0 : it->second.size());
+      return;
+    }
+    case Op::kWatchKey:
+      Close(c,
+            "WATCH_KEY is not supported (PyTorch removed Store.watch_key in "
+            "2.1); watch keys with `cohortctl watch` or the gRPC Watch call",
+            false);
+      return;
     }
   }
 
@@ -521,25 +548,29 @@ class TcpStoreServer::Loop {
   }
 
   // Whether every key exists, counting a non-empty queue as existing.
-  absl::StatusOr<bool> AllExist(const std::vector<absl::string_view>& keys) {
+  absl::StatusOr<bool> AllExist(const std::vector<absl::string_view> &keys) {
     std::vector<std::string> in_store;
     for (absl::string_view k : keys) {
-      if (!QueueNonEmpty(k)) in_store.emplace_back(k);
+      if (!QueueNonEmpty(k))
+        in_store.emplace_back(k);
     }
-    if (in_store.empty()) return true;
+    if (in_store.empty())
+      return true;
     auto s = store_->Check(in_store);
-    if (!s.ok()) return s.status();
+    if (!s.ok())
+      return s.status();
     return s->all_exist;
   }
 
-  void StopWaiting(Conn& c) {
+  void StopWaiting(Conn &c) {
     Encoder(&c.out).U8(static_cast<uint8_t>(WaitReply::kStopWaiting));
   }
 
-  void StartWait(Conn& c, const std::vector<absl::string_view>& keys) {
+  void StartWait(Conn &c, const std::vector<absl::string_view> &keys) {
     std::vector<std::string> missing;
     for (absl::string_view k : keys) {
-      if (!QueueNonEmpty(k)) missing.emplace_back(k);
+      if (!QueueNonEmpty(k))
+        missing.emplace_back(k);
     }
     if (!missing.empty()) {
       auto s = store_->Check(missing);
@@ -547,7 +578,8 @@ class TcpStoreServer::Loop {
         Close(c, absl::StrCat("WAIT failed: ", s.status().message()), false);
         return;
       }
-      if (s->all_exist) missing.clear();
+      if (s->all_exist)
+        missing.clear();
     }
     if (missing.empty()) {
       StopWaiting(c);
@@ -559,28 +591,30 @@ class TcpStoreServer::Loop {
     const uint64_t seq = ++c.seq;
     if (*c.dialect == Dialect::kTorch21) {
       // A QUEUE_PUSH to one of the keys may end the wait instead.
-      for (const std::string& k : missing) queue_waiters_[k].insert(id);
+      for (const std::string &k : missing)
+        queue_waiters_[k].insert(id);
       c.wait_keys = missing;
     }
     c.wait_id = store_->WaitForKeys(
         std::move(missing), /*read_values=*/false, absl::InfiniteDuration(),
         [this, id, seq](absl::StatusOr<store::ReadResult> result) {
           Post([this, id, seq, status = result.status()] {
-            if (Conn* c = Find(id); c != nullptr) Complete(*c, seq, status);
+            if (Conn *c = Find(id); c != nullptr)
+              Complete(*c, seq, status);
           });
         });
   }
 
-  void StartBarrier(Conn& c, absl::string_view key, int64_t target,
+  void StartBarrier(Conn &c, absl::string_view key, int64_t target,
                     int64_t revision) {
-    Barrier& b = barriers_[key];
+    Barrier &b = barriers_[key];
     if (b.watch == 0) {
       std::string k(key);
       auto watch = store_->Watch(
           key, revision + 1,
           [this, k](std::vector<store::Event> events) {
             std::optional<int64_t> latest;
-            for (const store::Event& e : events) {
+            for (const store::Event &e : events) {
               int64_t v = 0;
               if (e.key == k && e.value != nullptr &&
                   absl::SimpleAtoi(*e.value, &v)) {
@@ -608,31 +642,37 @@ class TcpStoreServer::Loop {
     b.waiting[c.id] = {++c.seq, target};
   }
 
-  void OnBarrierCount(const std::string& key, int64_t count) {
+  void OnBarrierCount(const std::string &key, int64_t count) {
     auto it = barriers_.find(key);
-    if (it == barriers_.end()) return;
+    if (it == barriers_.end())
+      return;
     std::vector<uint64_t> done;
-    for (const auto& [id, wait] : it->second.waiting) {
-      if (count >= wait.second) done.push_back(id);
+    for (const auto &[id, wait] : it->second.waiting) {
+      if (count >= wait.second)
+        done.push_back(id);
     }
     for (uint64_t id : done) {
       it = barriers_.find(key);
-      if (it == barriers_.end()) return;
+      if (it == barriers_.end())
+        return;
       auto wait = it->second.waiting.find(id);
-      Conn* c = Find(id);
-      if (wait == it->second.waiting.end() || c == nullptr) continue;
+      Conn *c = Find(id);
+      if (wait == it->second.waiting.end() || c == nullptr)
+        continue;
       Complete(*c, wait->second.first, absl::OkStatus());
     }
   }
 
-  void OnBarrierClosed(const std::string& key, const absl::Status& status) {
+  void OnBarrierClosed(const std::string &key, const absl::Status &status) {
     auto it = barriers_.find(key);
-    if (it == barriers_.end()) return;
+    if (it == barriers_.end())
+      return;
     std::vector<uint64_t> ids;
-    for (const auto& [id, wait] : it->second.waiting) ids.push_back(id);
-    it->second.watch = 0;  // Ended by the store; nothing to cancel.
+    for (const auto &[id, wait] : it->second.waiting)
+      ids.push_back(id);
+    it->second.watch = 0; // Ended by the store; nothing to cancel.
     for (uint64_t id : ids) {
-      if (Conn* c = Find(id)) {
+      if (Conn *c = Find(id)) {
         Close(*c, absl::StrCat("BARRIER ended: ", status.message()), false);
       }
     }
@@ -640,14 +680,23 @@ class TcpStoreServer::Loop {
 
   // Ends the connection's blocked request with STOP_WAITING (or closes it
   // with the store's error), then carries on with what it sent since.
-  void Complete(Conn& c, uint64_t seq, const absl::Status& status) {
-    if (c.closing || c.block == Block::kNone || c.seq != seq) return;
+  void Complete(Conn &c, uint64_t seq, const absl::Status &status) {
+    if (c.closing || c.block == Block::kNone || c.seq != seq)
+      return;
     if (!status.ok()) {
       Close(c, absl::StrCat("wait ended: ", status.message()), false);
       return;
     }
     ClearBlock(c);
     StopWaiting(c);
+    Resume(c);
+  }
+
+  // Carries on with requests held back by a blocked request or unread
+  // replies.
+  void Resume(Conn &c) {
+    if (c.closing)
+      return;
     if (!c.in.empty() && c.in.size() >= c.need) {
       c.in.erase(0, Process(c, c.in));
     }
@@ -655,15 +704,17 @@ class TcpStoreServer::Loop {
     UpdateReading(c);
   }
 
-  void WakeQueueWaiter(const std::string& key) {
+  void WakeQueueWaiter(const std::string &key) {
     auto it = queue_waiters_.find(key);
-    if (it == queue_waiters_.end()) return;
+    if (it == queue_waiters_.end())
+      return;
     // One waiter per push: the one that pops it.
     while (it != queue_waiters_.end() && !it->second.empty()) {
       const uint64_t id = *it->second.begin();
       it->second.erase(it->second.begin());
-      Conn* c = Find(id);
-      if (c == nullptr || c->block != Block::kWait) continue;
+      Conn *c = Find(id);
+      if (c == nullptr || c->block != Block::kWait)
+        continue;
       std::vector<absl::string_view> keys(c->wait_keys.begin(),
                                           c->wait_keys.end());
       absl::StatusOr<bool> all = AllExist(keys);
@@ -681,15 +732,18 @@ class TcpStoreServer::Loop {
   }
 
   // Forgets the connection's blocked request, wherever it is indexed.
-  void ClearBlock(Conn& c) {
-    if (c.block == Block::kNone) return;
+  void ClearBlock(Conn &c) {
+    if (c.block == Block::kNone)
+      return;
     --blocked_;
     if (c.block == Block::kWait) {
-      for (const std::string& k : c.wait_keys) {
+      for (const std::string &k : c.wait_keys) {
         auto it = queue_waiters_.find(k);
-        if (it == queue_waiters_.end()) continue;
+        if (it == queue_waiters_.end())
+          continue;
         it->second.erase(c.id);
-        if (it->second.empty()) queue_waiters_.erase(it);
+        if (it->second.empty())
+          queue_waiters_.erase(it);
       }
       c.wait_keys.clear();
       c.wait_id = 0;
@@ -698,7 +752,8 @@ class TcpStoreServer::Loop {
       if (it != barriers_.end()) {
         it->second.waiting.erase(c.id);
         if (it->second.waiting.empty()) {
-          if (it->second.watch != 0) store_->CancelWatch(it->second.watch);
+          if (it->second.watch != 0)
+            store_->CancelWatch(it->second.watch);
           barriers_.erase(it);
         }
       }
@@ -708,8 +763,9 @@ class TcpStoreServer::Loop {
     ++c.seq;
   }
 
-  void CancelBlock(Conn& c) {
-    if (c.block == Block::kWait) store_->CancelWait(c.wait_id);
+  void CancelBlock(Conn &c) {
+    if (c.block == Block::kWait)
+      store_->CancelWait(c.wait_id);
     ClearBlock(c);
   }
 
@@ -723,7 +779,8 @@ class TcpStoreServer::Loop {
       return;
     }
     absl::MutexLock lock(&mu_);
-    if (stopped_) return;
+    if (stopped_)
+      return;
     posted_.push_back(std::move(fn));
     uv_async_send(&async_);
   }
@@ -732,7 +789,8 @@ class TcpStoreServer::Loop {
     while (!local_.empty()) {
       std::vector<std::function<void()>> batch;
       batch.swap(local_);
-      for (auto& fn : batch) fn();
+      for (auto &fn : batch)
+        fn();
     }
   }
 
@@ -744,29 +802,35 @@ class TcpStoreServer::Loop {
       batch.swap(posted_);
       stop = stop_requested_;
     }
-    for (auto& fn : batch) fn();
+    for (auto &fn : batch)
+      fn();
     RunLocal();
-    if (stop) Shutdown();
+    if (stop)
+      Shutdown();
   }
 
   void Shutdown() {
-    uv_close(reinterpret_cast<uv_handle_t*>(&listener_), nullptr);
-    std::vector<Conn*> all;
-    for (auto& [id, c] : conns_) all.push_back(c);
-    for (Conn* c : all) Close(*c, "", false);
-    for (auto& [key, b] : barriers_) {
-      if (b.watch != 0) store_->CancelWatch(b.watch);
+    uv_close(reinterpret_cast<uv_handle_t *>(&listener_), nullptr);
+    std::vector<Conn *> all;
+    for (auto &[id, c] : conns_)
+      all.push_back(c);
+    for (Conn *c : all)
+      Close(*c, "", false);
+    for (auto &[key, b] : barriers_) {
+      if (b.watch != 0)
+        store_->CancelWatch(b.watch);
     }
     barriers_.clear();
     {
       absl::MutexLock lock(&mu_);
       stopped_ = true;
     }
-    uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t *>(&async_), nullptr);
   }
 
   void LogLimited(std::string line) {
-    if (!options_.log) return;
+    if (!options_.log)
+      return;
     const absl::Time now = absl::Now();
     if (now - last_log_ < options_.log_every) {
       ++suppressed_;
@@ -781,7 +845,7 @@ class TcpStoreServer::Loop {
     options_.log(line);
   }
 
-  store::KvStore* const store_;
+  store::KvStore *const store_;
   const TcpStoreServerOptions options_;
   tcpstore::Limits limits_;
 
@@ -795,7 +859,7 @@ class TcpStoreServer::Loop {
   // Loop thread only.
   std::string read_buffer_;
   uint64_t next_conn_id_ = 1;
-  absl::flat_hash_map<uint64_t, Conn*> conns_;
+  absl::flat_hash_map<uint64_t, Conn *> conns_;
   absl::flat_hash_map<std::string, std::deque<std::string>> queues_;
   absl::flat_hash_map<std::string, absl::flat_hash_set<uint64_t>>
       queue_waiters_;
@@ -816,24 +880,27 @@ class TcpStoreServer::Loop {
   std::atomic<uint64_t> requests_{0};
 };
 
-absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
-    store::KvStore* store, TcpStoreServerOptions options) {
+absl::StatusOr<std::unique_ptr<TcpStoreServer>>
+TcpStoreServer::Start(store::KvStore *store, TcpStoreServerOptions options) {
   int port = 0;
   absl::StatusOr<int> fd = ListenExclusive(options.listen, &port);
-  if (!fd.ok()) return fd.status();
+  if (!fd.ok())
+    return fd.status();
   std::unique_ptr<TcpStoreServer> server(new TcpStoreServer);
   server->port_ = port;
   server->loop_ = std::make_unique<Loop>(store, std::move(options));
-  if (absl::Status s = server->loop_->Start(*fd); !s.ok()) return s;
+  if (absl::Status s = server->loop_->Start(*fd); !s.ok())
+    return s;
   return server;
 }
 
 TcpStoreServer::~TcpStoreServer() { Stop(); }
 
 void TcpStoreServer::Stop() {
-  if (loop_ != nullptr) loop_->Stop();
+  if (loop_ != nullptr)
+    loop_->Stop();
 }
 
 TcpStoreServerStats TcpStoreServer::stats() { return loop_->Stats(); }
 
-}  // namespace cohort::server
+} // namespace cohort::server

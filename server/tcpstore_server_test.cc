@@ -1,0 +1,540 @@
+// TcpStoreServer byte by byte: every query of both dialects, written from
+// the protocol's facts (no PyTorch 2.1+ client is installable here; the 1.13
+// client is driven for real by tests/torch_interop_test.sh), deferred
+// replies, the CANCEL_WAIT race, bad input and a client that never reads.
+#include "server/tcpstore_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "proto/tcpstore/wire.h"
+#include "store/kv_engine.h"
+#include "store/kv_store.h"
+#include "gtest/gtest.h"
+
+namespace cohort::server {
+namespace {
+
+using tcpstore::Dialect;
+using tcpstore::Encoder;
+using tcpstore::Op;
+using tcpstore::Request;
+
+// A raw client socket: bytes in, bytes out, nothing interpreted.
+class Wire {
+public:
+  explicit Wire(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<struct sockaddr *>(&addr),
+                         sizeof(addr)) == 0;
+    int one = 1;
+    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
+  ~Wire() { close(fd_); }
+  bool connected() const { return connected_; }
+  int fd() const { return fd_; }
+
+  void Send(const std::string &bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      ssize_t n =
+          send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0)
+        return;
+      sent += n;
+    }
+  }
+  // Sends one request in `dialect`.
+  void Send(Dialect dialect, const Request &r) {
+    std::string out;
+    tcpstore::EncodeRequest(dialect, r, &out);
+    Send(out);
+  }
+  // Exactly n bytes, or nullopt if they do not arrive within `timeout`.
+  std::optional<std::string> Read(size_t n,
+                                  absl::Duration timeout = absl::Seconds(5)) {
+    std::string got;
+    const absl::Time deadline = absl::Now() + timeout;
+    while (got.size() < n) {
+      struct pollfd p = {fd_, POLLIN, 0};
+      int ms =
+          static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+      if (ms <= 0 || poll(&p, 1, ms) <= 0)
+        return std::nullopt;
+      char buf[65536];
+      ssize_t r = recv(fd_, buf, std::min(sizeof(buf), n - got.size()), 0);
+      if (r <= 0)
+        return std::nullopt;
+      got.append(buf, r);
+    }
+    return got;
+  }
+  // Whether the server closed the connection within `timeout`.
+  bool Closed(absl::Duration timeout = absl::Seconds(5)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      struct pollfd p = {fd_, POLLIN, 0};
+      int ms =
+          static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+      if (ms <= 0 || poll(&p, 1, ms) <= 0)
+        return false;
+      char buf[4096];
+      ssize_t r = recv(fd_, buf, sizeof(buf), 0);
+      if (r <= 0)
+        return true;
+    }
+  }
+  // Nothing arrives within `quiet`.
+  bool Silent(absl::Duration quiet = absl::Milliseconds(200)) {
+    struct pollfd p = {fd_, POLLIN, 0};
+    return poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(quiet))) == 0;
+  }
+
+  std::optional<uint8_t> U8() {
+    auto b = Read(1);
+    if (!b)
+      return std::nullopt;
+    return static_cast<uint8_t>((*b)[0]);
+  }
+  std::optional<int64_t> I64() {
+    auto b = Read(8);
+    if (!b)
+      return std::nullopt;
+    tcpstore::Decoder d(*b);
+    int64_t v = 0;
+    d.I64(&v);
+    return v;
+  }
+  std::optional<std::string> Bytes() {
+    auto n = I64();
+    if (!n)
+      return std::nullopt;
+    if (*n == 0)
+      return std::string();
+    return Read(*n);
+  }
+
+private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+Request Q(Op op, absl::string_view key = "", absl::string_view value = "") {
+  Request r;
+  r.op = op;
+  r.key = key;
+  r.value = value;
+  return r;
+}
+
+Request Keys(Op op, std::vector<absl::string_view> keys) {
+  Request r;
+  r.op = op;
+  r.keys = std::move(keys);
+  return r;
+}
+
+constexpr uint8_t kStopWaiting = 0;
+constexpr uint8_t kWaitCanceled = 1;
+
+class TcpStoreServerTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    store::StoreLimits limits;
+    limits.max_key_bytes = 1024;
+    limits.max_value_bytes = 1 << 20;
+    store_ = std::make_unique<store::KvStore>(store::NewMemoryEngine(), limits);
+    auto server = TcpStoreServer::Start(store_.get(),
+                                        {.listen = "127.0.0.1:0",
+                                         .max_request_bytes = 8 << 20,
+                                         .max_unsent_bytes = 1 << 20,
+                                         .log =
+                                             [this](absl::string_view line) {
+                                               absl::MutexLock lock(&mu_);
+                                               log_.emplace_back(line);
+                                             },
+                                         .log_every = absl::ZeroDuration()});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+  void TearDown() override {
+    server_.reset();
+    store_.reset();
+  }
+
+  // A connection that has sent VALIDATE (and a PING to prove it).
+  std::unique_ptr<Wire> Validated() {
+    auto w = std::make_unique<Wire>(server_->port());
+    Request v = Q(Op::kValidate);
+    v.word = tcpstore::kValidateMagic;
+    w->Send(Dialect::kTorch21, v);
+    Request ping = Q(Op::kPing);
+    ping.word = 0xABCD1234;
+    w->Send(Dialect::kTorch21, ping);
+    auto echo = w->Read(4);
+    EXPECT_TRUE(echo.has_value());
+    if (echo) {
+      uint32_t got = 0;
+      tcpstore::Decoder(*echo).U32(&got);
+      EXPECT_EQ(got, 0xABCD1234u);
+    }
+    return w;
+  }
+
+  bool LogMentions(absl::string_view a, absl::string_view b = "") {
+    absl::MutexLock lock(&mu_);
+    for (const std::string &line : log_) {
+      if (absl::StrContains(line, a) && absl::StrContains(line, b)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  std::unique_ptr<store::KvStore> store_;
+  std::unique_ptr<TcpStoreServer> server_;
+  absl::Mutex mu_;
+  std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(TcpStoreServerTest, Torch21EveryKeyValueQuery) {
+  auto w = Validated();
+  const Dialect d = Dialect::kTorch21;
+  w->Send(d, Q(Op::kSet, "/a", "alpha"));
+  w->Send(d, Q(Op::kGet, "/a"));
+  EXPECT_EQ(w->Bytes(), "alpha");
+  // The key is the store's, seen as gRPC would see it.
+  EXPECT_EQ(*store_->TryGet("/a"), std::optional<std::string>("alpha"));
+
+  Request add = Q(Op::kAdd, "/n");
+  add.number = 5;
+  w->Send(d, add);
+  EXPECT_EQ(w->I64(), 5);
+  add.number = -2;
+  w->Send(d, add);
+  EXPECT_EQ(w->I64(), 3);
+  w->Send(d, Q(Op::kGet, "/n"));
+  EXPECT_EQ(w->Bytes(), "3"); // Counters are decimal text.
+
+  // compare_set's four cases.
+  Request cas = Q(Op::kCompareSet, "/c", "v1");
+  cas.expected = "";
+  w->Send(d, cas);
+  EXPECT_EQ(w->Bytes(), "v1"); // Missing, expected empty: written.
+  cas.expected = "nope";
+  cas.value = "v2";
+  w->Send(d, cas);
+  EXPECT_EQ(w->Bytes(), "v1"); // Mismatch: the current value.
+  cas.expected = "v1";
+  w->Send(d, cas);
+  EXPECT_EQ(w->Bytes(), "v2"); // Match: the new value.
+  cas = Q(Op::kCompareSet, "/missing", "d");
+  cas.expected = "guess";
+  w->Send(d, cas);
+  EXPECT_EQ(w->Bytes(), "guess"); // Missing, expected given: no write.
+  EXPECT_EQ(*store_->TryGet("/missing"), std::nullopt);
+
+  w->Send(d, Keys(Op::kCheck, {"/a", "/n"}));
+  EXPECT_EQ(w->U8(), 0); // READY
+  w->Send(d, Keys(Op::kCheck, {"/a", "/missing"}));
+  EXPECT_EQ(w->U8(), 1); // NOT_READY
+
+  w->Send(d, Q(Op::kNumKeys));
+  EXPECT_EQ(w->I64(), 3);
+  w->Send(d, Q(Op::kDeleteKey, "/c"));
+  EXPECT_EQ(w->I64(), 1);
+  w->Send(d, Q(Op::kDeleteKey, "/c"));
+  EXPECT_EQ(w->I64(), 0);
+
+  w->Send(d, Q(Op::kAppend, "/log", "x"));
+  w->Send(d, Q(Op::kAppend, "/log", "yz"));
+  Request mset = Keys(Op::kMultiSet, {"/m1", "/m2"});
+  mset.values = {"one", ""};
+  w->Send(d, mset);
+  w->Send(d, Keys(Op::kMultiGet, {"/log", "/m1", "/m2"}));
+  EXPECT_EQ(w->Bytes(), "xyz");
+  EXPECT_EQ(w->Bytes(), "one");
+  EXPECT_EQ(w->Bytes(), "");
+
+  // GET of a missing key answers empty in 2.1+ (as the libuv server does).
+  w->Send(d, Q(Op::kGet, "/absent"));
+  EXPECT_EQ(w->Bytes(), "");
+
+  w->Send(d, Q(Op::kListKeys));
+  EXPECT_EQ(w->I64(), 5);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 5; ++i)
+    keys.push_back(w->Bytes().value_or("?"));
+  std::sort(keys.begin(), keys.end());
+  EXPECT_EQ(keys, (std::vector<std::string>{"/a", "/log", "/m1", "/m2", "/n"}));
+  EXPECT_TRUE(w->Silent());
+}
+
+TEST_F(TcpStoreServerTest, Torch21WaitIsDeferredUntilAnyWriterSetsTheKeys) {
+  auto waiter = Validated();
+  auto writer = Validated();
+  waiter->Send(Dialect::kTorch21, Keys(Op::kWait, {"/w1", "/w2"}));
+  EXPECT_TRUE(waiter->Silent());
+  writer->Send(Dialect::kTorch21, Q(Op::kSet, "/w1", "1"));
+  EXPECT_TRUE(waiter->Silent());
+  // The second key comes through the store directly, as a gRPC Set would.
+  ASSERT_TRUE(store_->Set("/w2", "2").ok());
+  EXPECT_EQ(waiter->U8(), kStopWaiting);
+  // Requests sent behind a wait are answered after it, in order.
+  waiter->Send(Dialect::kTorch21, Keys(Op::kWait, {"/w3"}));
+  waiter->Send(Dialect::kTorch21, Q(Op::kGet, "/w3"));
+  EXPECT_TRUE(waiter->Silent());
+  writer->Send(Dialect::kTorch21, Q(Op::kSet, "/w3", "three"));
+  EXPECT_EQ(waiter->U8(), kStopWaiting);
+  EXPECT_EQ(waiter->Bytes(), "three");
+}
+
+TEST_F(TcpStoreServerTest, CancelWaitIsAlwaysAnsweredWithWaitCanceled) {
+  auto w = Validated();
+  const Dialect d = Dialect::kTorch21;
+  // A pending wait: cancelled, and a later write does not answer it.
+  w->Send(d, Keys(Op::kWait, {"/never"}));
+  EXPECT_TRUE(w->Silent());
+  w->Send(d, Q(Op::kCancelWait));
+  EXPECT_EQ(w->U8(), kWaitCanceled);
+  ASSERT_TRUE(store_->Set("/never", "now").ok());
+  EXPECT_TRUE(w->Silent());
+  // No wait at all.
+  w->Send(d, Q(Op::kCancelWait));
+  EXPECT_EQ(w->U8(), kWaitCanceled);
+  // The race: the wait completes just before the cancel arrives. The
+  // client then reads STOP_WAITING followed by WAIT_CANCELED.
+  w->Send(d, Keys(Op::kWait, {"/race"}));
+  ASSERT_TRUE(store_->Set("/race", "x").ok());
+  absl::SleepFor(absl::Milliseconds(50));
+  w->Send(d, Q(Op::kCancelWait));
+  EXPECT_EQ(w->U8(), kStopWaiting);
+  EXPECT_EQ(w->U8(), kWaitCanceled);
+  // Wait and cancel in one write, racing a writer on another thread: the
+  // answer is one of the two valid sequences, and the connection stays
+  // usable.
+  for (int i = 0; i < 50; ++i) {
+    const std::string key = absl::StrCat("/r", i);
+    std::string both;
+    tcpstore::EncodeRequest(d, Keys(Op::kWait, {key}), &both);
+    tcpstore::EncodeRequest(d, Q(Op::kCancelWait), &both);
+    std::thread writer([&] { ASSERT_TRUE(store_->Set(key, "v").ok()); });
+    w->Send(both);
+    writer.join();
+    auto first = w->U8();
+    ASSERT_TRUE(first.has_value());
+    if (*first == kStopWaiting)
+      EXPECT_EQ(w->U8(), kWaitCanceled);
+    else
+      EXPECT_EQ(*first, kWaitCanceled);
+    w->Send(d, Q(Op::kGet, key));
+    EXPECT_EQ(w->Bytes(), "v");
+  }
+}
+
+TEST_F(TcpStoreServerTest, BarrierReleasesEveryoneWhenTheLastArrives) {
+  std::vector<std::unique_ptr<Wire>> ranks;
+  Request barrier = Q(Op::kBarrier, "/b");
+  barrier.number = 3;
+  for (int i = 0; i < 2; ++i) {
+    ranks.push_back(Validated());
+    ranks.back()->Send(Dialect::kTorch21, barrier);
+  }
+  for (auto &r : ranks)
+    EXPECT_TRUE(r->Silent());
+  ranks.push_back(Validated());
+  ranks.back()->Send(Dialect::kTorch21, barrier);
+  for (auto &r : ranks)
+    EXPECT_EQ(r->U8(), kStopWaiting);
+  EXPECT_EQ(*store_->TryGet("/b"), std::optional<std::string>("3"));
+  // A barrier can also be completed by adds from elsewhere (gRPC Add).
+  barrier = Q(Op::kBarrier, "/b2");
+  barrier.number = 2;
+  ranks[0]->Send(Dialect::kTorch21, barrier);
+  EXPECT_TRUE(ranks[0]->Silent());
+  ASSERT_TRUE(store_->Add("/b2", 1).ok());
+  EXPECT_EQ(ranks[0]->U8(), kStopWaiting);
+  // And cancelled.
+  barrier = Q(Op::kBarrier, "/b3");
+  barrier.number = 5;
+  ranks[1]->Send(Dialect::kTorch21, barrier);
+  ranks[1]->Send(Dialect::kTorch21, Q(Op::kCancelWait));
+  EXPECT_EQ(ranks[1]->U8(), kWaitCanceled);
+}
+
+TEST_F(TcpStoreServerTest, QueuesPushPopAndWakeOneWaiter) {
+  auto producer = Validated();
+  auto a = Validated();
+  auto b = Validated();
+  const Dialect d = Dialect::kTorch21;
+  producer->Send(d, Q(Op::kQueueLen, "/q"));
+  EXPECT_EQ(producer->I64(), 0);
+  producer->Send(d, Q(Op::kQueuePop, "/q"));
+  EXPECT_EQ(producer->I64(), 0); // Empty: no bytes follow.
+  // Two blocking pops (WAIT, as the client does first); one push wakes one.
+  a->Send(d, Keys(Op::kWait, {"/q"}));
+  b->Send(d, Keys(Op::kWait, {"/q"}));
+  EXPECT_TRUE(a->Silent());
+  producer->Send(d, Q(Op::kQueuePush, "/q", "job1"));
+  std::optional<uint8_t> got_a = a->Read(1, absl::Milliseconds(300))
+                                     ? std::optional<uint8_t>(0)
+                                     : std::nullopt;
+  std::optional<uint8_t> got_b = b->Read(1, absl::Milliseconds(300))
+                                     ? std::optional<uint8_t>(0)
+                                     : std::nullopt;
+  EXPECT_NE(got_a.has_value(), got_b.has_value()) << "exactly one wakes";
+  Wire &woken = got_a ? *a : *b;
+  Wire &other = got_a ? *b : *a;
+  woken.Send(d, Q(Op::kQueuePop, "/q"));
+  EXPECT_EQ(woken.I64(), 1);
+  EXPECT_EQ(woken.Bytes(), "job1");
+  producer->Send(d, Q(Op::kQueuePush, "/q", "job2"));
+  EXPECT_EQ(other.U8(), kStopWaiting);
+  producer->Send(d, Q(Op::kQueuePush, "/q", "job3"));
+  producer->Send(d, Q(Op::kQueueLen, "/q"));
+  EXPECT_EQ(producer->I64(), 2);
+  // check() counts a non-empty queue as an existing key.
+  producer->Send(d, Keys(Op::kCheck, {"/q"}));
+  EXPECT_EQ(producer->U8(), 0);
+  other.Send(d, Q(Op::kQueuePop, "/q"));
+  EXPECT_EQ(other.I64(), 2);
+  EXPECT_EQ(other.Bytes(), "job2");
+}
+
+TEST_F(TcpStoreServerTest, Torch113DialectAndWatchKeyRefusal) {
+  Wire w(server_->port());
+  const Dialect d = Dialect::kTorch113;
+  w.Send(d, Q(Op::kSet, "/k", "old"));
+  Request add = Q(Op::kAdd, "init/");
+  add.number = 1;
+  w.Send(d, add);
+  EXPECT_EQ(w.I64(), 1);
+  w.Send(d, Keys(Op::kWait, {"/k", "init/"}));
+  EXPECT_EQ(w.U8(), kStopWaiting);
+  w.Send(d, Q(Op::kGet, "/k"));
+  EXPECT_EQ(w.Bytes(), "old");
+  w.Send(d, Q(Op::kNumKeys));
+  EXPECT_EQ(w.I64(), 2);
+  w.Send(d, Q(Op::kDeleteKey, "/k"));
+  EXPECT_EQ(w.I64(), 1);
+  // In 1.13, byte 6 is GETNUMKEYS; in 2.1+ it would be WAIT.
+  w.Send(std::string(1, '\x06'));
+  EXPECT_EQ(w.I64(), 1);
+  w.Send(d, Q(Op::kWatchKey, "/k"));
+  EXPECT_TRUE(w.Closed());
+  EXPECT_TRUE(LogMentions("WATCH_KEY is not supported"));
+}
+
+TEST_F(TcpStoreServerTest, BadInputClosesOnlyThatConnection) {
+  auto bystander = Validated();
+  struct Case {
+    std::string name;
+    std::string bytes;
+    std::string logged;
+  };
+  std::string absurd(1, '\x00'); // 1.13 SET
+  Encoder(&absurd).U64(uint64_t{1} << 60);
+  std::string validated_unknown;
+  Encoder(&validated_unknown).U8(0);
+  Encoder(&validated_unknown).U32(tcpstore::kValidateMagic);
+  Encoder(&validated_unknown).U8(77);
+  std::string many_keys(1, '\x05'); // 1.13 WAIT with 2^40 keys
+  Encoder(&many_keys).U64(uint64_t{1} << 40);
+  std::string big_value; // A 2 MiB value over the 1 MiB limit.
+  tcpstore::EncodeRequest(Dialect::kTorch21, Q(Op::kSet, "/v"), &big_value);
+  big_value.resize(1 + 8 + 2);
+  Encoder(&big_value).U64(2 << 20);
+  std::vector<Case> cases = {
+      {"absurd length", absurd, "over max_key_bytes"},
+      {"unknown type", validated_unknown, "unknown query type 77"},
+      {"http", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", "unknown query type 71"},
+      {"too many keys", many_keys, "max_keys_per_call"},
+      {"value too big", big_value, "over max_value_bytes"},
+  };
+  for (const Case &c : cases) {
+    Wire w(server_->port());
+    w.Send(c.bytes);
+    EXPECT_TRUE(w.Closed()) << c.name;
+    EXPECT_TRUE(
+        LogMentions("closing TCPStore connection from 127.0.0.1:", c.logged))
+        << c.name;
+  }
+  // A truncated frame: the peer goes away mid-request.
+  {
+    Wire w(server_->port());
+    w.Send(std::string("\x02\x10\x00", 3));
+  }
+  EXPECT_GE(server_->stats().closed_bad_input, cases.size());
+  bystander->Send(Dialect::kTorch21, Q(Op::kSet, "/still", "here"));
+  bystander->Send(Dialect::kTorch21, Q(Op::kGet, "/still"));
+  EXPECT_EQ(bystander->Bytes(), "here");
+}
+
+int64_t RssBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0)
+      return std::stoll(line.substr(6)) << 10;
+  }
+  return -1;
+}
+
+TEST_F(TcpStoreServerTest, AClientThatNeverReadsCannotGrowTheServer) {
+  ASSERT_TRUE(store_->Set("/big", std::string(1 << 20, 'b')).ok());
+  Wire hog(server_->port());
+  int small = 4096;
+  setsockopt(hog.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  std::string gets;
+  for (int i = 0; i < 2000; ++i) {
+    tcpstore::EncodeRequest(Dialect::kTorch113, Q(Op::kGet, "/big"), &gets);
+  }
+  const int64_t before = RssBytes();
+  // 2,000 replies of 1 MiB would be 2 GiB; the server stops reading after
+  // max_unsent_bytes (1 MiB here) plus what the socket buffers hold.
+  std::thread sender([&] { hog.Send(gets); });
+  absl::SleepFor(absl::Seconds(1));
+  const int64_t grown = RssBytes() - before;
+  EXPECT_LT(grown, 64 << 20) << "RSS grew by " << grown;
+  auto other = Validated();
+  other->Send(Dialect::kTorch21, Q(Op::kGet, "/big"));
+  auto value = other->Bytes();
+  ASSERT_TRUE(value.has_value());
+  EXPECT_EQ(value->size(), size_t{1} << 20);
+  shutdown(hog.fd(), SHUT_RDWR);
+  sender.join();
+}
+
+TEST_F(TcpStoreServerTest, StopEndsBlockedConnections) {
+  auto w = Validated();
+  w->Send(Dialect::kTorch21, Keys(Op::kWait, {"/forever"}));
+  EXPECT_TRUE(w->Silent());
+  EXPECT_EQ(server_->stats().blocked, 1u);
+  server_->Stop();
+  EXPECT_TRUE(w->Closed());
+  Wire late(server_->port());
+  EXPECT_FALSE(late.connected());
+}
+
+} // namespace
+} // namespace cohort::server
