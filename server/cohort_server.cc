@@ -20,10 +20,11 @@ int ToMillisArg(absl::Duration d) {
                                             std::numeric_limits<int>::max()));
 }
 
-}  // namespace
+} // namespace
 
-absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
-    std::unique_ptr<store::KvStore> store, const ServerOptions& options) {
+absl::StatusOr<std::unique_ptr<CohortServer>>
+CohortServer::Start(std::unique_ptr<store::KvStore> store,
+                    const ServerOptions &options) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
@@ -39,7 +40,7 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
       server->membership_.get(), server->store_.get(),
       options.store_service.watch_buffer_bytes);
 
-  const store::StoreLimits& limits = server->store_->limits();
+  const store::StoreLimits &limits = server->store_->limits();
   // Room for the largest single value plus its key and framing; multi-key
   // calls may carry up to 64 MiB.
   const size_t max_message = std::max<size_t>(
@@ -48,7 +49,8 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   auto listener = Listener::Bind(
       options.listen,
       {.max_connections = options.max_connections, .log = options.log});
-  if (!listener.ok()) return listener.status();
+  if (!listener.ok())
+    return listener.status();
   server->listener_ = std::move(*listener);
   server->port_ = server->listener_->port();
 
@@ -84,7 +86,8 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
         server->store_.get(), {.listen = options.tcpstore_listen,
                                .max_connections = options.max_connections,
                                .log = options.log});
-    if (!tcpstore.ok()) return tcpstore.status();
+    if (!tcpstore.ok())
+      return tcpstore.status();
     server->tcpstore_ = std::move(*tcpstore);
   }
   {
@@ -93,19 +96,24 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
     server->server_->GetHealthCheckService()->SetServingStatus(kLivenessService,
                                                                true);
   }
-  server->health_thread_ =
-      std::thread([s = server.get(), interval = options.health_interval] {
-        s->WatchHealth(interval);
-      });
+  {
+    absl::MutexLock lock(&server->health_mu_);
+    server->health_check_ = server->health_timer_.Schedule(
+        absl::Now() + options.health_interval,
+        [s = server.get(), interval = options.health_interval] {
+          s->CheckHealth(interval);
+        });
+  }
   return server;
 }
 
-void CohortServer::SetServing(bool serving, const absl::Status& why) {
-  if (serving_ == serving) return;
+void CohortServer::SetServing(bool serving, const absl::Status &why) {
+  if (serving_ == serving)
+    return;
   serving_ = serving;
-  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  grpc::HealthCheckServiceInterface *health = server_->GetHealthCheckService();
   health->SetServingStatus("", serving);
-  for (const char* service :
+  for (const char *service :
        {v1::Store::service_full_name(), v1::Rendezvous::service_full_name(),
         v1::Membership::service_full_name()}) {
     health->SetServingStatus(service, serving);
@@ -117,14 +125,14 @@ void CohortServer::SetServing(bool serving, const absl::Status& why) {
   last_problem_ = why;
 }
 
-void CohortServer::WatchHealth(absl::Duration interval) {
+void CohortServer::CheckHealth(absl::Duration interval) {
   absl::MutexLock lock(&health_mu_);
-  while (!stopping_) {
-    health_mu_.AwaitWithTimeout(absl::Condition(&stopping_), interval);
-    if (stopping_) break;
-    absl::Status writable = store_->CheckWritable();
-    SetServing(writable.ok(), writable);
-  }
+  if (stopping_)
+    return;
+  absl::Status writable = store_->CheckWritable();
+  SetServing(writable.ok(), writable);
+  health_check_ = health_timer_.Schedule(
+      absl::Now() + interval, [this, interval] { CheckHealth(interval); });
 }
 
 bool CohortServer::serving() {
@@ -135,15 +143,16 @@ bool CohortServer::serving() {
 CohortServer::~CohortServer() { Drain().IgnoreError(); }
 
 absl::Status CohortServer::Drain(absl::Duration grace) {
-  if (drained_ || server_ == nullptr) return absl::OkStatus();
+  if (drained_ || server_ == nullptr)
+    return absl::OkStatus();
   drained_ = true;
   {
     absl::MutexLock lock(&health_mu_);
     stopping_ = true;
+    health_timer_.Cancel(health_check_);
     SetServing(false, absl::OkStatus());
     server_->GetHealthCheckService()->SetServingStatus(kLivenessService, false);
   }
-  if (health_thread_.joinable()) health_thread_.join();
   listener_->Stop();
   // Stop accepting first: Shutdown closes the listener and tells every
   // connection (HTTP/2 GOAWAY) to take no new calls, then waits for the
@@ -158,10 +167,11 @@ absl::Status CohortServer::Drain(absl::Duration grace) {
   rendezvous_->Shutdown(draining);
   membership_->Shutdown(draining);
   store_->Shutdown(draining);
-  if (tcpstore_ != nullptr) tcpstore_->Stop();
+  if (tcpstore_ != nullptr)
+    tcpstore_->Stop();
   stopper.join();
   server_->Wait();
   return store_->Flush();
 }
 
-}  // namespace cohort::server
+} // namespace cohort::server

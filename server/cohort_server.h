@@ -20,6 +20,7 @@
 #include "server/rendezvous.h"
 #include "server/store_service.h"
 #include "server/tcpstore_server.h"
+#include "store/deadline_timer.h"
 #include "store/kv_store.h"
 
 namespace cohort::server {
@@ -57,12 +58,12 @@ struct ServerOptions {
 inline constexpr char kLivenessService[] = "liveness";
 
 class CohortServer {
- public:
+public:
   // Starts serving `store` (and the coordination state it holds) and marks
   // the health service SERVING. Fails with
   // UNAVAILABLE naming the address if it cannot be bound.
-  static absl::StatusOr<std::unique_ptr<CohortServer>> Start(
-      std::unique_ptr<store::KvStore> store, const ServerOptions& options);
+  static absl::StatusOr<std::unique_ptr<CohortServer>>
+  Start(std::unique_ptr<store::KvStore> store, const ServerOptions &options);
 
   // Drains if Drain was not called.
   ~CohortServer();
@@ -74,23 +75,25 @@ class CohortServer {
   TcpStoreServerStats tcpstore_stats() {
     return tcpstore_ ? tcpstore_->stats() : TcpStoreServerStats();
   }
-  store::KvStore& store() { return *store_; }
+  store::KvStore &store() { return *store_; }
 
   // Graceful stop: health goes NOT_SERVING, pending waits and watches end
-  // with UNAVAILABLE (TCPStore connections are closed), new connections are refused, calls in flight get
-  // `grace` to finish, then the store is flushed. A flush refused for lack
-  // of disk space returns RESOURCE_EXHAUSTED: nothing acknowledged is lost
-  // (it is in the write-ahead log, replayed at the next start). Idempotent.
+  // with UNAVAILABLE (TCPStore connections are closed), new connections are
+  // refused, calls in flight get `grace` to finish, then the store is flushed.
+  // A flush refused for lack of disk space returns RESOURCE_EXHAUSTED: nothing
+  // acknowledged is lost (it is in the write-ahead log, replayed at the next
+  // start). Idempotent.
   absl::Status Drain(absl::Duration grace = absl::Seconds(5));
 
   // Whether health says SERVING (false while the disk is full or draining).
   bool serving();
 
- private:
+private:
   CohortServer() = default;
-  // Sets health from the store's writability every health_interval.
-  void WatchHealth(absl::Duration interval);
-  void SetServing(bool serving, const absl::Status& why)
+  // Sets health from the store's writability, then runs again after
+  // `interval` on health_timer_ until Drain.
+  void CheckHealth(absl::Duration interval);
+  void SetServing(bool serving, const absl::Status &why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(health_mu_);
 
   std::unique_ptr<store::KvStore> store_;
@@ -110,9 +113,11 @@ class CohortServer {
   bool serving_ ABSL_GUARDED_BY(health_mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(health_mu_) = false;
   absl::Status last_problem_ ABSL_GUARDED_BY(health_mu_);
-  std::thread health_thread_;
+  store::DeadlineTimer::TimerId health_check_ ABSL_GUARDED_BY(health_mu_) = 0;
+  // Last, so it is destroyed first: its callback uses everything above.
+  store::DeadlineTimer health_timer_;
 };
 
-}  // namespace cohort::server
+} // namespace cohort::server
 
-#endif  // COHORT_SERVER_COHORT_SERVER_H_
+#endif // COHORT_SERVER_COHORT_SERVER_H_
