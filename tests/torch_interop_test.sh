@@ -17,6 +17,6 @@ if ! "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>"${
   exit 1
 fi
 
-export OMP_NUM_THREADS=1
+export OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1
 exec "$PYTHON" "tests/torch/${name}_test.py" --backend=cohortd \
   --cohortd=server/cohortd --cohortctl=client/cohortctl "$@"

@@ -12,7 +12,8 @@ import subprocess
 import sys
 from datetime import timedelta
 
-import cohort_torch as ct
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+import cohort_torch as ct  # noqa: E402
 
 KEYS = 300
 ADDS = 100

@@ -7,7 +7,8 @@ import sys
 import traceback
 from datetime import timedelta
 
-import cohort_torch as ct
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+import cohort_torch as ct  # noqa: E402
 
 dist = ct.import_torch()
 WORLD = 4

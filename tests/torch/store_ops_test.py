@@ -4,11 +4,13 @@ every Store operation 1.13's Python API has, its timeouts, and (against
 cohortd) that torch and cohortctl see one key space."""
 import socket
 import struct
+import sys
 import threading
 import time
 from datetime import timedelta
 
-import cohort_torch as ct
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+import cohort_torch as ct  # noqa: E402
 
 dist = ct.import_torch()
 
@@ -71,6 +73,9 @@ def set_get(c, b):
     blob = bytes(range(256)) * 64
     s.set("sg/binary", blob)
     c.eq("binary value (16 KiB, every byte value)", s.get("sg/binary"), blob)
+    big = bytes(range(251)) * (4 * 1024 * 1024 // 251)
+    s.set("sg/4mib", big)
+    c.eq("a 4 MiB value comes back whole", s.get("sg/4mib") == big, True)
     s.set("sg/empty", b"")
     c.eq("empty value", s.get("sg/empty"), b"")
     other = b.client(dist)

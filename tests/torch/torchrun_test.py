@@ -11,9 +11,11 @@ agent picks a free port and worker rank 0 hosts a TCPStore there."""
 import json
 import os
 import subprocess
+import sys
 import time
 
-import cohort_torch as ct
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+import cohort_torch as ct  # noqa: E402
 
 ct.import_torch()
 TORCHRUN = os.path.join(ct.HERE, "..", "..", "tools", "torchrun")
