@@ -38,6 +38,7 @@ tsan_targets=(
   //store:all
   //server:rendezvous_test
   //server:membership_test
+  //server:tcpstore_server_test
   //tests:remote_store_test
   //client:file_store_test
   //worker:process_group_test
