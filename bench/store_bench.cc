@@ -6,7 +6,9 @@
 // Every client is a thread with a RemoteStore of its own, hence a TCP
 // connection of its own, as every TCPStore client has. Clients connect and
 // prepare before a common start, so, as in the torch scripts, the clock
-// covers only the operations.
+// covers only the operations. With --tcpstore=HOST:PORT the clients are
+// TcpStoreClients instead, speaking PyTorch's TCPStore protocol to a torch
+// server or to cohortd's --tcpstore_listen port.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -31,6 +33,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/remote_store.h"
+#include "client/tcpstore_client.h"
 #include "server/cohort_server.h"
 #include "store/kv_engine.h"
 #include "store/kv_store.h"
@@ -40,6 +43,13 @@ ABSL_FLAG(std::string, mode, "ops",
           "traffic of N ranks initialising a full mesh");
 ABSL_FLAG(std::string, addr, "",
           "HOST:PORT of a running cohortd; empty starts one in this process");
+ABSL_FLAG(std::string, tcpstore, "",
+          "HOST:PORT of a TCPStore server (PyTorch's, or cohortd's "
+          "--tcpstore_listen): run the clients as TcpStoreClients over it "
+          "instead of RemoteStores over gRPC");
+ABSL_FLAG(std::string, tcpstore_dialect, "2.1",
+          "--tcpstore: 2.1 (PyTorch 2.1+, cohortd), 1.13 (PyTorch 1.13/2.0) "
+          "or probe");
 ABSL_FLAG(std::string, engine, "rocksdb",
           "engine of the in-process cohortd: rocksdb (in a fresh temporary "
           "folder) or memory");
@@ -65,10 +75,24 @@ namespace {
 class Target {
  public:
   static absl::StatusOr<std::unique_ptr<Target>> Open(
-      const std::string& addr, const std::string& engine_name) {
+      const std::string& addr, const std::string& tcpstore,
+      const std::string& engine_name) {
     std::unique_ptr<Target> target(new Target());
-    if (!addr.empty()) {
-      target->address_ = addr;
+    if (!tcpstore.empty()) {
+      const std::string dialect = absl::GetFlag(FLAGS_tcpstore_dialect);
+      if (dialect == "1.13") {
+        target->dialect_ = TcpStoreDialect::kTorch113;
+      } else if (dialect == "probe") {
+        target->dialect_ = TcpStoreDialect::kProbe;
+      } else if (dialect != "2.1") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--tcpstore_dialect must be 2.1, 1.13 or probe, got '",
+                         dialect, "'"));
+      }
+      target->tcpstore_ = true;
+    }
+    if (!addr.empty() || !tcpstore.empty()) {
+      target->address_ = tcpstore.empty() ? addr : tcpstore;
       target->prefix_ =
           absl::StrCat("store_bench/", absl::ToUnixNanos(absl::Now()), "/");
       return target;
@@ -114,9 +138,38 @@ class Target {
 
   const std::string& address() const { return address_; }
   const std::string& prefix() const { return prefix_; }
+  // The first word of each output line.
+  const char* label() const { return tcpstore_ ? "tcpstore" : "cohort"; }
+
+  // A client with a connection of its own, already connected: the first
+  // call opens the connection, which TCPStore's constructor also does
+  // before the torch scripts start their clocks.
+  absl::StatusOr<std::unique_ptr<Store>> Connect() const {
+    if (tcpstore_) {
+      TcpStoreClientOptions options;
+      options.address = address_;
+      options.dialect = dialect_;
+      absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+          TcpStoreClient::Connect(options);
+      if (!client.ok()) return client.status();
+      return std::unique_ptr<Store>(std::move(*client));
+    }
+    RemoteStoreOptions options;
+    options.address = address_;
+    absl::StatusOr<std::unique_ptr<RemoteStore>> client =
+        RemoteStore::Connect(options);
+    if (!client.ok()) return client.status();
+    if (absl::StatusOr<int64_t> keys = (*client)->NumKeys(); !keys.ok()) {
+      return keys.status();
+    }
+    return std::unique_ptr<Store>(std::move(*client));
+  }
 
  private:
   Target() = default;
+
+  bool tcpstore_ = false;
+  TcpStoreDialect dialect_ = TcpStoreDialect::kTorch21;
 
   std::unique_ptr<server::CohortServer> server_;
   std::string data_dir_;
@@ -124,22 +177,14 @@ class Target {
   std::string prefix_;
 };
 
-// `n` stores, each with its own connection, already connected: the first
-// call opens the connection, which TCPStore's constructor also does before
-// the torch scripts start their clocks.
-absl::StatusOr<std::vector<std::unique_ptr<RemoteStore>>> ConnectClients(
-    const std::string& address, int n) {
-  RemoteStoreOptions options;
-  options.address = address;
-  std::vector<std::unique_ptr<RemoteStore>> clients;
+// `n` stores, each with its own connection, already connected.
+absl::StatusOr<std::vector<std::unique_ptr<Store>>> ConnectClients(
+    const Target& target, int n) {
+  std::vector<std::unique_ptr<Store>> clients;
   clients.reserve(n);
   for (int i = 0; i < n; ++i) {
-    absl::StatusOr<std::unique_ptr<RemoteStore>> client =
-        RemoteStore::Connect(options);
+    absl::StatusOr<std::unique_ptr<Store>> client = target.Connect();
     if (!client.ok()) return client.status();
-    if (absl::StatusOr<int64_t> keys = (*client)->NumKeys(); !keys.ok()) {
-      return keys.status();
-    }
     clients.push_back(std::move(*client));
   }
   return clients;
@@ -201,7 +246,7 @@ const char* OpName(Op op) {
 // One op kind of torch_store_bench.py: `n` ops per client, each timed. Gets
 // read keys their client wrote beforehand; adds all hit one counter.
 absl::Status BenchOp(Op op, const Target& target,
-                     std::vector<std::unique_ptr<RemoteStore>>& clients, int n,
+                     std::vector<std::unique_ptr<Store>>& clients, int n,
                      const std::string& value) {
   const int num_clients = static_cast<int>(clients.size());
   auto key = [&](int client, int i) {
@@ -219,7 +264,7 @@ absl::Status BenchOp(Op op, const Target& target,
     return absl::OkStatus();
   };
   auto body = [&](int c) -> absl::Status {
-    RemoteStore& store = *clients[c];
+    Store& store = *clients[c];
     for (int i = 0; i < n; ++i) {
       absl::Status status;
       const absl::Time t0 = absl::Now();
@@ -251,11 +296,12 @@ absl::Status BenchOp(Op op, const Target& target,
   }
   const int64_t total = static_cast<int64_t>(num_clients) * n;
   const double wall_s = absl::ToDoubleSeconds(*wall);
+  const double p50_us = absl::ToDoubleMicroseconds(Quantile(all, 0.5));
   absl::PrintF(
-      "cohort op=%s clients=%d value=%dB ops=%d wall=%.3fs ops/s=%.0f "
-      "mean_latency_us=%.1f p99_latency_us=%.1f\n",
-      OpName(op), num_clients, value.size(), total, wall_s, total / wall_s,
-      absl::ToDoubleMicroseconds(sum) / total,
+      "%s op=%s clients=%d value=%dB ops=%d wall=%.3fs ops/s=%.0f "
+      "mean_latency_us=%.1f p50_latency_us=%.1f p99_latency_us=%.1f\n",
+      target.label(), OpName(op), num_clients, value.size(), total, wall_s,
+      total / wall_s, absl::ToDoubleMicroseconds(sum) / total, p50_us,
       absl::ToDoubleMicroseconds(Quantile(all, 0.99)));
   std::fflush(stdout);
   return absl::OkStatus();
@@ -269,8 +315,8 @@ absl::Status RunOps(const Target& target) {
     return absl::InvalidArgumentError(
         "--clients and --ops must be >= 1, --value_bytes >= 0");
   }
-  absl::StatusOr<std::vector<std::unique_ptr<RemoteStore>>> stores =
-      ConnectClients(target.address(), clients);
+  absl::StatusOr<std::vector<std::unique_ptr<Store>>> stores =
+      ConnectClients(target, clients);
   if (!stores.ok()) return stores.status();
   const std::string value(value_bytes, 'x');
   for (Op op : {Op::kSet, Op::kGet, Op::kAdd}) {
@@ -291,8 +337,8 @@ absl::Status RunInitStorm(const Target& target) {
     return absl::InvalidArgumentError(
         absl::StrCat("--storm_gets must be multi or single, got '", gets, "'"));
   }
-  absl::StatusOr<std::vector<std::unique_ptr<RemoteStore>>> stores =
-      ConnectClients(target.address(), ranks);
+  absl::StatusOr<std::vector<std::unique_ptr<Store>>> stores =
+      ConnectClients(target, ranks);
   if (!stores.ok()) return stores.status();
 
   const std::string arrived = absl::StrCat(target.prefix(), "arrived");
@@ -304,7 +350,7 @@ absl::Status RunInitStorm(const Target& target) {
   const std::string address(64, 'a');
 
   auto rank = [&](int r) -> absl::Status {
-    RemoteStore& store = *(*stores)[r];
+    Store& store = *(*stores)[r];
     if (absl::Status s = store.Add(arrived, 1).status(); !s.ok()) return s;
     if (absl::Status s = store.Set(peers[r], address); !s.ok()) return s;
     // The same Wait as the torch script, so only how peers are read differs.
@@ -327,8 +373,8 @@ absl::Status RunInitStorm(const Target& target) {
   absl::StatusOr<absl::Duration> wall = RunTogether(
       ranks, [](int) { return absl::OkStatus(); }, rank);
   if (!wall.ok()) return wall.status();
-  absl::PrintF("cohort init-storm ranks=%d gets=%d wall_s=%.3f mode=%s\n",
-               ranks, static_cast<int64_t>(ranks) * ranks,
+  absl::PrintF("%s init-storm ranks=%d gets=%d wall_s=%.3f mode=%s\n",
+               target.label(), ranks, static_cast<int64_t>(ranks) * ranks,
                absl::ToDoubleSeconds(*wall), gets);
   return absl::OkStatus();
 }
@@ -336,8 +382,7 @@ absl::Status RunInitStorm(const Target& target) {
 // `clients` threads each Set in a loop, timing every call, until `stop`.
 class SetLoad {
  public:
-  SetLoad(const Target& target,
-          std::vector<std::unique_ptr<RemoteStore>>& clients)
+  SetLoad(const Target& target, std::vector<std::unique_ptr<Store>>& clients)
       : latencies_(clients.size()) {
     for (size_t c = 0; c < clients.size(); ++c) {
       threads_.emplace_back([&, c] {
@@ -382,11 +427,11 @@ class SetLoad {
 absl::Status RunBigWait(const Target& target) {
   const int n = absl::GetFlag(FLAGS_wait_keys);
   const absl::Duration timeout = absl::GetFlag(FLAGS_wait_timeout);
-  absl::StatusOr<std::vector<std::unique_ptr<RemoteStore>>> stores =
-      ConnectClients(target.address(), absl::GetFlag(FLAGS_clients) + 1);
+  absl::StatusOr<std::vector<std::unique_ptr<Store>>> stores =
+      ConnectClients(target, absl::GetFlag(FLAGS_clients) + 1);
   if (!stores.ok()) return stores.status();
-  RemoteStore& waiter = *stores->back();
-  std::vector<std::unique_ptr<RemoteStore>> loaders;
+  Store& waiter = *stores->back();
+  std::vector<std::unique_ptr<Store>> loaders;
   for (size_t i = 0; i + 1 < stores->size(); ++i) {
     loaders.push_back(std::move((*stores)[i]));
   }
@@ -457,7 +502,8 @@ absl::Status Run() {
         "--mode must be ops, init_storm or big_wait, got '", mode, "'"));
   }
   absl::StatusOr<std::unique_ptr<Target>> target =
-      Target::Open(absl::GetFlag(FLAGS_addr), absl::GetFlag(FLAGS_engine));
+      Target::Open(absl::GetFlag(FLAGS_addr), absl::GetFlag(FLAGS_tcpstore),
+                   absl::GetFlag(FLAGS_engine));
   if (!target.ok()) return target.status();
   if (mode == "big_wait") return RunBigWait(**target);
   return mode == "ops" ? RunOps(**target) : RunInitStorm(**target);
@@ -471,7 +517,9 @@ int main(int argc, char** argv) {
       "store_bench --mode=ops --clients=N --ops=M [--value_bytes=B]\n"
       "store_bench --mode=init_storm --ranks=N [--storm_gets=multi|single]\n"
       "store_bench --mode=big_wait [--wait_keys=131072 --clients=4]\n"
-      "Benchmarks cohortd's KV store (in-process unless --addr=HOST:PORT).");
+      "Benchmarks cohortd's KV store (in-process unless --addr=HOST:PORT),\n"
+      "or any TCPStore server through TcpStoreClient (--tcpstore=HOST:PORT\n"
+      "[--tcpstore_dialect=2.1|1.13|probe]).");
   absl::ParseCommandLine(argc, argv);
   if (absl::Status s = cohort::bench::Run(); !s.ok()) {
     std::fprintf(stderr, "store_bench: %s\n", s.ToString().c_str());

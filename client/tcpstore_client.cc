@@ -405,7 +405,7 @@ absl::Status TcpStoreClient::Dial(absl::Time deadline) {
     } else {
       last = conn.status();
     }
-    if (absl::Now() + backoff / 2 >= deadline) break;
+    if (absl::Now() >= deadline) break;
     thread_local std::mt19937 rng(std::random_device{}());
     absl::SleepFor(std::min(
         backoff * std::uniform_real_distribution<double>(0.5, 1.0)(rng),

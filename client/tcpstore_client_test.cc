@@ -145,8 +145,9 @@ class TorchServerTest : public ::testing::Test {
         << "/usr/bin/python3 cannot import torch (" << line
         << "): run tools/setup.sh, which installs Debian's python3-torch";
     ASSERT_TRUE(absl::SimpleAtoi(line, &port_))
-        << "torch's TCPStore server did not print its port; got '" << line
-        << "'";
+        << "torch's TCPStore server (/usr/bin/python3) did not print its "
+           "port; got '"
+        << line << "'; run tools/setup.sh, which installs python3-torch";
   }
   void TearDown() override { server_.reset(); }
 
