@@ -540,20 +540,29 @@ std::vector<std::string> TcpStoreClient::Keys(
   return out;
 }
 
-absl::Status TcpStoreClient::Set(absl::string_view key,
-                                 absl::string_view value) {
-  const std::string k = Key(key);
-  return Run<bool>("set", true,
+absl::Status TcpStoreClient::RunStatus(
+    absl::string_view what, bool idempotent,
+    absl::FunctionRef<absl::Status(Conn&)> attempt) {
+  return Run<bool>(what, idempotent,
                    [&](Conn& c) -> absl::StatusOr<bool> {
-                     Request r;
-                     r.op = Op::kSet;
-                     r.key = k;
-                     r.value = value;
-                     c.Queue(r);
-                     if (absl::Status s = Sync(c); !s.ok()) return s;
+                     absl::Status s = attempt(c);
+                     if (!s.ok()) return s;
                      return true;
                    })
       .status();
+}
+
+absl::Status TcpStoreClient::Set(absl::string_view key,
+                                 absl::string_view value) {
+  const std::string k = Key(key);
+  return RunStatus("set", true, [&](Conn& c) {
+    Request r;
+    r.op = Op::kSet;
+    r.key = k;
+    r.value = value;
+    c.Queue(r);
+    return Sync(c);
+  });
 }
 
 absl::StatusOr<std::string> TcpStoreClient::Get(absl::string_view key,
@@ -609,16 +618,9 @@ absl::Status TcpStoreClient::Wait(absl::Span<const std::string> keys,
                                   absl::Duration timeout) {
   const std::vector<std::string> wire_keys = Keys(keys);
   const absl::Time deadline = absl::Now() + timeout;
-  return Run<bool>("wait", true,
-                   [&](Conn& c) -> absl::StatusOr<bool> {
-                     if (absl::Status s = WaitOn(c, wire_keys, keys, timeout,
-                                                 deadline, "wait");
-                         !s.ok()) {
-                       return s;
-                     }
-                     return true;
-                   })
-      .status();
+  return RunStatus("wait", true, [&](Conn& c) {
+    return WaitOn(c, wire_keys, keys, timeout, deadline, "wait");
+  });
 }
 
 absl::StatusOr<bool> TcpStoreClient::Check(absl::Span<const std::string> keys) {
@@ -688,26 +690,23 @@ absl::Status TcpStoreClient::MultiSet(absl::Span<const std::string> keys,
         "multi_set: ", keys.size(), " keys but ", values.size(), " values"));
   }
   const std::vector<std::string> wire_keys = Keys(keys);
-  return Run<bool>("multi_set", true,
-                   [&](Conn& c) -> absl::StatusOr<bool> {
-                     Request r;
-                     if (c.dialect == Dialect::kTorch113) {
-                       r.op = Op::kSet;
-                       for (size_t i = 0; i < keys.size(); ++i) {
-                         r.key = wire_keys[i];
-                         r.value = values[i];
-                         c.Queue(r);
-                       }
-                     } else if (!keys.empty()) {
-                       r.op = Op::kMultiSet;
-                       r.keys.assign(wire_keys.begin(), wire_keys.end());
-                       r.values.assign(values.begin(), values.end());
-                       c.Queue(r);
-                     }
-                     if (absl::Status s = Sync(c); !s.ok()) return s;
-                     return true;
-                   })
-      .status();
+  return RunStatus("multi_set", true, [&](Conn& c) {
+    Request r;
+    if (c.dialect == Dialect::kTorch113) {
+      r.op = Op::kSet;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        r.key = wire_keys[i];
+        r.value = values[i];
+        c.Queue(r);
+      }
+    } else if (!keys.empty()) {
+      r.op = Op::kMultiSet;
+      r.keys.assign(wire_keys.begin(), wire_keys.end());
+      r.values.assign(values.begin(), values.end());
+      c.Queue(r);
+    }
+    return Sync(c);
+  });
 }
 
 absl::Status TcpStoreClient::Append(absl::string_view key,
@@ -724,40 +723,35 @@ absl::Status TcpStoreClient::Append(absl::string_view key,
     absl::Status s = c.Flush();
     return s.ok() ? c.Bytes() : absl::StatusOr<std::string>(s);
   };
-  return Run<bool>("append", false,
-                   [&](Conn& c) -> absl::StatusOr<bool> {
-                     if (c.dialect == Dialect::kTorch21) {
-                       Request r;
-                       r.op = Op::kAppend;
-                       r.key = k;
-                       r.value = value;
-                       c.Queue(r);
-                       if (absl::Status s = Sync(c); !s.ok()) return s;
-                       return true;
-                     }
-                     // Read without writing: a random token as both expected
-                     // and desired comes back as it is if the key is missing,
-                     // else the current value.
-                     const std::string token = absl::StrCat(
-                         "\x01cohort-append/", RandomU32(), "/", RandomU32());
-                     absl::StatusOr<std::string> current =
-                         compare_set(c, token, token);
-                     if (!current.ok()) return current.status();
-                     std::string expected = *current == token ? "" : *current;
-                     for (int i = 0; i < 10000; ++i) {
-                       const std::string desired =
-                           absl::StrCat(expected, value);
-                       current = compare_set(c, expected, desired);
-                       if (!current.ok()) return current.status();
-                       if (*current == desired) return true;
-                       // Equal to `expected` only when the key was deleted.
-                       expected = *current == expected ? "" : *current;
-                     }
-                     return absl::AbortedError(
-                         "gave up after 10000 compare_set rounds lost to other "
-                         "writers");
-                   })
-      .status();
+  return RunStatus("append", false, [&](Conn& c) {
+    if (c.dialect == Dialect::kTorch21) {
+      Request r;
+      r.op = Op::kAppend;
+      r.key = k;
+      r.value = value;
+      c.Queue(r);
+      return Sync(c);
+    }
+    // Read without writing: a random token as both expected and desired
+    // comes back as it is if the key is missing, else the current value.
+    const std::string token = absl::StrCat(
+        "\x01"
+        "cohort-append/",
+        RandomU32(), "/", RandomU32());
+    absl::StatusOr<std::string> current = compare_set(c, token, token);
+    if (!current.ok()) return current.status();
+    std::string expected = *current == token ? "" : *current;
+    for (int i = 0; i < 10000; ++i) {
+      const std::string desired = absl::StrCat(expected, value);
+      current = compare_set(c, expected, desired);
+      if (!current.ok()) return current.status();
+      if (*current == desired) return absl::OkStatus();
+      // Equal to `expected` only when the key was deleted.
+      expected = *current == expected ? "" : *current;
+    }
+    return absl::AbortedError(
+        "gave up after 10000 compare_set rounds lost to other writers");
+  });
 }
 
 absl::StatusOr<KeyList> TcpStoreClient::ListKeys(absl::string_view prefix) {

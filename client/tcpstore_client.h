@@ -155,6 +155,10 @@ class TcpStoreClient final : public Store {
   template <typename T>
   absl::StatusOr<T> Run(absl::string_view what, bool idempotent,
                         Attempt<T> attempt) ABSL_LOCKS_EXCLUDED(mu_);
+  // Run for calls that return only a status.
+  absl::Status RunStatus(absl::string_view what, bool idempotent,
+                         absl::FunctionRef<absl::Status(Conn&)> attempt)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The blocking part of Wait/Get/MultiGet on `conn`: OK once every key
   // exists, DEADLINE_EXCEEDED at `deadline`.
   // `what` starts the timeout's message ("wait", "get: wait").
