@@ -484,7 +484,9 @@ KvStore::WaitId KvStore::WaitForKeys(std::vector<std::string> keys,
         w.registering = false;
         if (w.missing == 0 && TryCompleteLocked(it->second, deferred)) {
           waiters_.erase(it);
-        } else {
+        } else if (deadline != absl::InfiniteFuture()) {
+          // (A wait without a timeout, as a TCPStore WAIT, ends only when
+          // its keys exist or it is cancelled: it needs no timer.)
           w.timer =
               timer_.Schedule(deadline, [this, id] { OnWaitTimeout(id); });
         }

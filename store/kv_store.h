@@ -142,7 +142,8 @@ class KvStore {
   // Calls `done` exactly once: with the keys' values (in order, if
   // read_values) once all of them exist at the same time; with
   // DEADLINE_EXCEEDED naming the missing keys once `timeout` passes; with
-  // INVALID_ARGUMENT for bad keys; or with the Shutdown status. `done` may
+  // INVALID_ARGUMENT for bad keys; or with the Shutdown status. An infinite
+  // `timeout` never expires (the wait ends by CancelWait or Shutdown). `done` may
   // run before this returns (then the result may be 0), and otherwise on the
   // thread that writes the last key or on the timer thread; it must not
   // block. Returns an id for CancelWait. The store's lock is held for at
