@@ -1,0 +1,241 @@
+#!/usr/bin/python3
+"""The same torch.distributed.TCPStore client code (PyTorch 1.13, Debian's
+python3-torch) against (a) torch's own TCPStore server, hosted by a separate
+python process, and (b) cohortd's TCPStore listener (--engine=rocksdb on a
+temporary data dir, so every write is durable), one after the other, for
+several rounds. Prints every round's figures and a markdown table of
+medians with the ratio cohort/torch.
+
+Workloads, in the shapes of ../shared/bench/torch_store_bench.py and
+torch_init_storm.py:
+  set / get / add   C client processes (1 and 8), each its own TCPStore;
+                    ops timed from a start event; ops/s = all ops / wall.
+                    1.13's set has no reply, so each set client ends with
+                    one num_keys() round trip: its sets were all served.
+  init storm N      N ranks as threads of one process, each its own
+                    TCPStore client: add('arrived'), set('addr/<r>', 64 B),
+                    wait for every addr, get every addr (N^2 gets); wall s.
+
+Usage: bench/torch_store_compare.py bazel-bin/server/cohortd [--rounds=3]
+       [--ops=5000] [--storm=256,1024] [--quick]
+"""
+import argparse
+import multiprocessing as mp
+import os
+import re
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+PYTHON = "/usr/bin/python3"
+VALUE_BYTES = 64
+SERVING = re.compile(r"serving the TCPStore protocol on 127\.0\.0\.1:(\d+)")
+
+# Torch's server in its own process, so neither side shares the GIL with
+# the clients.
+TORCH_SERVER = """
+import signal, sys
+from datetime import timedelta
+import torch.distributed as dist
+s = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                  timeout=timedelta(seconds=600))
+print(f"serving the TCPStore protocol on 127.0.0.1:{s.port}", file=sys.stderr, flush=True)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+while True:
+    signal.pause()
+"""
+
+
+class Server:
+    def __init__(self, kind, cohortd, workdir):
+        self.kind = kind
+        self.dir = tempfile.mkdtemp(prefix=f"{kind}-", dir=workdir)
+        self.log_path = os.path.join(self.dir, "server.log")
+        if kind == "cohort":
+            cmd = [cohortd, "--listen=127.0.0.1:0", "--tcpstore_listen=127.0.0.1:0",
+                   "--engine=rocksdb", f"--data_dir={os.path.join(self.dir, 'data')}"]
+        else:
+            cmd = [PYTHON, "-c", TORCH_SERVER]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with open(self.log_path, errors="replace") as f:
+                m = SERVING.search(f.read())
+            if m:
+                self.port = int(m.group(1))
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        with open(self.log_path, errors="replace") as f:
+            raise RuntimeError(f"{kind} server did not start: {' '.join(cmd)}\n{f.read()}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def connect(port):
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=600))
+
+
+def op_client(port, idx, n, op, q, start_evt):
+    s = connect(port)
+    val = b"x" * VALUE_BYTES
+    if op == "get":
+        for i in range(n):
+            s.set(f"k{idx}_{i}", val)
+    q.put("ready")
+    start_evt.wait()
+    t0 = time.perf_counter()
+    if op == "set":
+        for i in range(n):
+            s.set(f"k{idx}_{i}", val)
+        s.num_keys()  # set has no reply in 1.13: one round trip drains them
+    elif op == "get":
+        for i in range(n):
+            s.get(f"k{idx}_{i}")
+    elif op == "add":
+        for i in range(n):
+            s.add("counter", 1)
+    q.put(time.perf_counter() - t0)
+
+
+def ops_per_s(port, op, clients, n):
+    ctx = mp.get_context("fork")
+    q, ev = ctx.Queue(), ctx.Event()
+    ps = [ctx.Process(target=op_client, args=(port, i, n, op, q, ev)) for i in range(clients)]
+    for p in ps:
+        p.start()
+    for _ in ps:
+        assert q.get(timeout=300) == "ready"
+    t0 = time.perf_counter()
+    ev.set()
+    for _ in ps:
+        q.get(timeout=600)
+    wall = time.perf_counter() - t0
+    for p in ps:
+        p.join()
+        if p.exitcode != 0:
+            raise RuntimeError(f"{op} client exited {p.exitcode}")
+    return clients * n / wall
+
+
+def init_storm(port, n, tag):
+    clients = [connect(port) for _ in range(n)]
+    barrier = threading.Barrier(n + 1)
+    errors = []
+
+    def rank(r):
+        s = clients[r]
+        barrier.wait()
+        try:
+            s.add(f"{tag}/arrived", 1)
+            s.set(f"{tag}/addr/{r}", b"a" * 64)
+            s.wait([f"{tag}/addr/{p}" for p in range(n)])
+            for p in range(n):
+                s.get(f"{tag}/addr/{p}")
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    for t in ts:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in ts:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"init storm {n}: {len(errors)} ranks failed, first: {errors[0]}")
+    del clients
+    return wall
+
+
+def raise_nofile():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cohortd", help="path to the cohortd binary (bazel-bin/server/cohortd)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ops", type=int, default=5000, help="ops per client process")
+    ap.add_argument("--clients", default="1,8")
+    ap.add_argument("--storm", default="256,1024", help="init storm rank counts")
+    ap.add_argument("--backends", default="torch,cohort",
+                    help="which servers to run (torch alone needs no cohortd)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test: 1 round, 500 ops, storm of 64")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.ops, args.storm = 1, 500, "64"
+    backends = args.backends.split(",")
+    clients = [int(x) for x in args.clients.split(",") if x]
+    storms = [int(x) for x in args.storm.split(",") if x]
+    nofile = raise_nofile()
+    if storms and 2 * max(storms) + 64 > nofile:
+        sys.exit(f"RLIMIT_NOFILE hard limit {nofile} is too low for {max(storms)} ranks")
+    cohortd = os.path.abspath(args.cohortd)
+    workdir = tempfile.mkdtemp(prefix="torch-store-compare-")
+
+    rows = [(f"{op} x{c}", "ops/s") for c in clients for op in ("set", "get", "add")]
+    rows += [(f"init storm {n}", "s") for n in storms]
+    results = {(name, kind): [] for name, _ in rows for kind in ("torch", "cohort")}
+    print(f"# {args.rounds} round(s), {args.ops} ops per client, {VALUE_BYTES} B values, "
+          f"{os.cpu_count()} cores; cohortd: {cohortd} --engine=rocksdb", flush=True)
+    try:
+        for rnd in range(args.rounds):
+            order = ("torch", "cohort") if rnd % 2 == 0 else ("cohort", "torch")
+            for kind in (k for k in order if k in backends):
+                server = Server(kind, cohortd, workdir)
+                try:
+                    for c in clients:
+                        for op in ("set", "get", "add"):
+                            v = ops_per_s(server.port, op, c, args.ops)
+                            results[(f"{op} x{c}", kind)].append(v)
+                            print(f"round {rnd} {kind:6} {op} x{c}: {v:,.0f} ops/s", flush=True)
+                    for n in storms:
+                        v = init_storm(server.port, n, f"storm{n}")
+                        results[(f"init storm {n}", kind)].append(v)
+                        print(f"round {rnd} {kind:6} init storm {n}: {v:.3f} s", flush=True)
+                finally:
+                    server.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    print()
+    print(f"| workload | unit | torch TCPStore (median of {args.rounds}) | "
+          f"cohortd --engine=rocksdb | cohort/torch |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for name, unit in rows:
+        t = statistics.median(results[(name, "torch")] or [float("nan")])
+        c = statistics.median(results[(name, "cohort")] or [float("nan")])
+        fmt = (lambda x: f"{x:,.0f}") if unit == "ops/s" else (lambda x: f"{x:.3f}")
+        print(f"| {name} | {unit} | {fmt(t)} | {fmt(c)} | {c / t:.2f} |")
+    print("\nops/s: higher is better; init storm seconds: lower is better "
+          "(a ratio below 1 means cohortd was faster).")
+
+
+if __name__ == "__main__":
+    main()
