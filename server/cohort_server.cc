@@ -20,11 +20,10 @@ int ToMillisArg(absl::Duration d) {
                                             std::numeric_limits<int>::max()));
 }
 
-} // namespace
+}  // namespace
 
-absl::StatusOr<std::unique_ptr<CohortServer>>
-CohortServer::Start(std::unique_ptr<store::KvStore> store,
-                    const ServerOptions &options) {
+absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
+    std::unique_ptr<store::KvStore> store, const ServerOptions &options) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
@@ -49,8 +48,7 @@ CohortServer::Start(std::unique_ptr<store::KvStore> store,
   auto listener = Listener::Bind(
       options.listen,
       {.max_connections = options.max_connections, .log = options.log});
-  if (!listener.ok())
-    return listener.status();
+  if (!listener.ok()) return listener.status();
   server->listener_ = std::move(*listener);
   server->port_ = server->listener_->port();
 
@@ -86,8 +84,7 @@ CohortServer::Start(std::unique_ptr<store::KvStore> store,
         server->store_.get(), {.listen = options.tcpstore_listen,
                                .max_connections = options.max_connections,
                                .log = options.log});
-    if (!tcpstore.ok())
-      return tcpstore.status();
+    if (!tcpstore.ok()) return tcpstore.status();
     server->tcpstore_ = std::move(*tcpstore);
   }
   {
@@ -108,8 +105,7 @@ CohortServer::Start(std::unique_ptr<store::KvStore> store,
 }
 
 void CohortServer::SetServing(bool serving, const absl::Status &why) {
-  if (serving_ == serving)
-    return;
+  if (serving_ == serving) return;
   serving_ = serving;
   grpc::HealthCheckServiceInterface *health = server_->GetHealthCheckService();
   health->SetServingStatus("", serving);
@@ -127,8 +123,7 @@ void CohortServer::SetServing(bool serving, const absl::Status &why) {
 
 void CohortServer::CheckHealth(absl::Duration interval) {
   absl::MutexLock lock(&health_mu_);
-  if (stopping_)
-    return;
+  if (stopping_) return;
   absl::Status writable = store_->CheckWritable();
   SetServing(writable.ok(), writable);
   health_check_ = health_timer_.Schedule(
@@ -143,8 +138,7 @@ bool CohortServer::serving() {
 CohortServer::~CohortServer() { Drain().IgnoreError(); }
 
 absl::Status CohortServer::Drain(absl::Duration grace) {
-  if (drained_ || server_ == nullptr)
-    return absl::OkStatus();
+  if (drained_ || server_ == nullptr) return absl::OkStatus();
   drained_ = true;
   {
     absl::MutexLock lock(&health_mu_);
@@ -167,11 +161,10 @@ absl::Status CohortServer::Drain(absl::Duration grace) {
   rendezvous_->Shutdown(draining);
   membership_->Shutdown(draining);
   store_->Shutdown(draining);
-  if (tcpstore_ != nullptr)
-    tcpstore_->Stop();
+  if (tcpstore_ != nullptr) tcpstore_->Stop();
   stopper.join();
   server_->Wait();
   return store_->Flush();
 }
 
-} // namespace cohort::server
+}  // namespace cohort::server

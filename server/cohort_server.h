@@ -58,12 +58,12 @@ struct ServerOptions {
 inline constexpr char kLivenessService[] = "liveness";
 
 class CohortServer {
-public:
+ public:
   // Starts serving `store` (and the coordination state it holds) and marks
   // the health service SERVING. Fails with
   // UNAVAILABLE naming the address if it cannot be bound.
-  static absl::StatusOr<std::unique_ptr<CohortServer>>
-  Start(std::unique_ptr<store::KvStore> store, const ServerOptions &options);
+  static absl::StatusOr<std::unique_ptr<CohortServer>> Start(
+      std::unique_ptr<store::KvStore> store, const ServerOptions &options);
 
   // Drains if Drain was not called.
   ~CohortServer();
@@ -88,7 +88,7 @@ public:
   // Whether health says SERVING (false while the disk is full or draining).
   bool serving();
 
-private:
+ private:
   CohortServer() = default;
   // Sets health from the store's writability, then runs again after
   // `interval` on health_timer_ until Drain.
@@ -118,6 +118,6 @@ private:
   store::DeadlineTimer health_timer_;
 };
 
-} // namespace cohort::server
+}  // namespace cohort::server
 
-#endif // COHORT_SERVER_COHORT_SERVER_H_
+#endif  // COHORT_SERVER_COHORT_SERVER_H_

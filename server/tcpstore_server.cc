@@ -64,10 +64,10 @@ std::vector<std::string> Strings(const std::vector<absl::string_view> &views) {
   return std::vector<std::string>(views.begin(), views.end());
 }
 
-} // namespace
+}  // namespace
 
 class TcpStoreServer::Loop {
-public:
+ public:
   Loop(store::KvStore *store, TcpStoreServerOptions options)
       : store_(store), options_(std::move(options)) {
     const store::StoreLimits &l = store_->limits();
@@ -105,12 +105,10 @@ public:
   }
 
   void Stop() {
-    if (!started_)
-      return;
+    if (!started_) return;
     {
       absl::MutexLock lock(&mu_);
-      if (stop_requested_)
-        return;
+      if (stop_requested_) return;
       stop_requested_ = true;
     }
     uv_async_send(&async_);
@@ -128,7 +126,7 @@ public:
     return s;
   }
 
-private:
+ private:
   enum class Block { kNone, kWait, kBarrier };
 
   struct Conn {
@@ -137,14 +135,14 @@ private:
     uint64_t id = 0;
     std::string peer;
     std::optional<Dialect> dialect;
-    std::string in;    // Unparsed bytes, when a request spans reads.
-    size_t need = 0;   // Bytes `in` must hold before parsing again.
-    std::string out;   // Replies not yet handed to the socket.
-    size_t unsent = 0; // Bytes in uv_write requests not yet completed.
+    std::string in;     // Unparsed bytes, when a request spans reads.
+    size_t need = 0;    // Bytes `in` must hold before parsing again.
+    std::string out;    // Replies not yet handed to the socket.
+    size_t unsent = 0;  // Bytes in uv_write requests not yet completed.
     bool reading = false;
     bool closing = false;
     Block block = Block::kNone;
-    uint64_t seq = 0; // Numbers blocking requests; stale completions differ.
+    uint64_t seq = 0;  // Numbers blocking requests; stale completions differ.
     store::KvStore::WaitId wait_id = 0;
     std::vector<std::string> wait_keys;
     std::string barrier_key;
@@ -197,8 +195,7 @@ private:
     Conn *c = static_cast<Conn *>(req->data);
     c->unsent -= w->data.size();
     delete w;
-    if (c->closing)
-      return;
+    if (c->closing) return;
     Loop *loop = c->loop;
     if (status < 0) {
       loop->Close(*c, absl::StrCat("write failed: ", uv_strerror(status)),
@@ -252,14 +249,12 @@ private:
   }
 
   void Close(Conn &c, absl::string_view why, bool bad_input) {
-    if (c.closing)
-      return;
+    if (c.closing) return;
     if (!why.empty()) {
       LogLimited(
           absl::StrCat("closing TCPStore connection from ", c.peer, ": ", why));
     }
-    if (bad_input)
-      ++closed_bad_input_;
+    if (bad_input) ++closed_bad_input_;
     CancelBlock(c);
     c.closing = true;
     conns_.erase(c.id);
@@ -275,12 +270,10 @@ private:
   // pile up unread, nor while complete requests wait in `in` (behind a
   // blocked one, or for the replies to drain).
   void UpdateReading(Conn &c) {
-    if (c.closing)
-      return;
+    if (c.closing) return;
     const bool want =
         !Backlogged(c) && !(!c.in.empty() && c.in.size() >= c.need);
-    if (want == c.reading)
-      return;
+    if (want == c.reading) return;
     auto *stream = reinterpret_cast<uv_stream_t *>(&c.tcp);
     if (want) {
       uv_read_start(stream, &Loop::OnAlloc, &Loop::OnRead);
@@ -291,8 +284,7 @@ private:
   }
 
   void Flush(Conn &c) {
-    if (c.closing || c.out.empty() || c.unsent > 0)
-      return;
+    if (c.closing || c.out.empty() || c.unsent > 0) return;
     auto *stream = reinterpret_cast<uv_stream_t *>(&c.tcp);
     uv_buf_t b = uv_buf_init(c.out.data(), c.out.size());
     int n = uv_try_write(stream, &b, 1);
@@ -300,10 +292,8 @@ private:
       Close(c, absl::StrCat("write failed: ", uv_strerror(n)), false);
       return;
     }
-    if (n > 0)
-      c.out.erase(0, n);
-    if (c.out.empty())
-      return;
+    if (n > 0) c.out.erase(0, n);
+    if (c.out.empty()) return;
     auto *w = new WriteReq;
     w->data = std::move(c.out);
     c.out.clear();
@@ -322,8 +312,7 @@ private:
       }
     } else {
       c.in.append(bytes.data(), bytes.size());
-      if (c.in.size() >= c.need)
-        c.in.erase(0, Process(c, c.in));
+      if (c.in.size() >= c.need) c.in.erase(0, Process(c, c.in));
     }
     if (c.in.empty() && c.in.capacity() > kReadBufferBytes) {
       std::string().swap(c.in);
@@ -389,156 +378,144 @@ private:
       Close(c, absl::StrCat(what, " failed: ", status.message()), false);
     };
     switch (r.op) {
-    case Op::kValidate:
-      if (r.word != tcpstore::kValidateMagic) {
+      case Op::kValidate:
+        if (r.word != tcpstore::kValidateMagic) {
+          Close(c,
+                absl::StrFormat("VALIDATE with magic 0x%08x, not 0x%08x",
+                                r.word, tcpstore::kValidateMagic),
+                true);
+        }
+        return;
+      case Op::kPing:
+        reply.U32(r.word);
+        return;
+      case Op::kSet:
+        if (auto s = store_->Set(r.key, r.value); !s.ok()) {
+          fail("SET", s.status());
+        }
+        return;
+      case Op::kAppend:
+        if (auto s = store_->Append(r.key, r.value); !s.ok()) {
+          fail("APPEND", s.status());
+        }
+        return;
+      case Op::kMultiSet:
+        if (auto s = store_->MultiSet(Strings(r.keys), Strings(r.values));
+            !s.ok()) {
+          fail("MULTI_SET", s.status());
+        }
+        return;
+      case Op::kCompareSet: {
+        auto s = store_->CompareSet(r.key, r.expected, r.value);
+        if (!s.ok()) return fail("COMPARE_SET", s.status());
+        reply.Bytes(s->value);
+        return;
+      }
+      case Op::kGet: {
+        auto s = store_->TryGet(r.key);
+        if (!s.ok()) return fail("GET", s.status());
+        if (s->has_value()) {
+          reply.Bytes(**s);
+        } else if (*c.dialect == Dialect::kTorch21) {
+          reply.Bytes("");
+        } else {
+          // 1.13's server drops such a connection too; its client always
+          // waits for the key before getting it.
+          Close(c,
+                absl::StrCat("GET of missing key \"", absl::CHexEscape(r.key),
+                             "\""),
+                false);
+        }
+        return;
+      }
+      case Op::kAdd: {
+        auto s = store_->Add(r.key, r.number);
+        if (!s.ok()) return fail("ADD", s.status());
+        reply.I64(s->value);
+        return;
+      }
+      case Op::kCheck: {
+        absl::StatusOr<bool> all = AllExist(r.keys);
+        if (!all.ok()) return fail("CHECK", all.status());
+        reply.U8(static_cast<uint8_t>(*all ? CheckReply::kReady
+                                           : CheckReply::kNotReady));
+        return;
+      }
+      case Op::kWait:
+        StartWait(c, r.keys);
+        return;
+      case Op::kNumKeys: {
+        auto s = store_->NumKeys();
+        if (!s.ok()) return fail("GETNUMKEYS", s.status());
+        reply.I64(s->num_keys);
+        return;
+      }
+      case Op::kDeleteKey: {
+        auto s = store_->Delete(r.key);
+        if (!s.ok()) return fail("DELETE_KEY", s.status());
+        reply.I64(s->deleted ? 1 : 0);
+        return;
+      }
+      case Op::kMultiGet:
+        for (absl::string_view key : r.keys) {
+          auto s = store_->TryGet(key);
+          if (!s.ok()) return fail("MULTI_GET", s.status());
+          reply.Bytes(s->has_value() ? absl::string_view(**s) : "");
+        }
+        return;
+      case Op::kCancelWait:
+        CancelBlock(c);
+        reply.U8(static_cast<uint8_t>(WaitReply::kWaitCanceled));
+        return;
+      case Op::kListKeys: {
+        std::vector<std::string> keys;
+        std::string token;
+        do {
+          auto page = store_->ListKeys("", 0, token);
+          if (!page.ok()) return fail("LIST_KEYS", page.status());
+          for (std::string &k : page->keys) keys.push_back(std::move(k));
+          token = std::move(page->next_page_token);
+        } while (!token.empty());
+        reply.I64(keys.size());
+        for (const std::string &k : keys) reply.Bytes(k);
+        return;
+      }
+      case Op::kBarrier: {
+        auto s = store_->Add(r.key, 1);
+        if (!s.ok()) return fail("BARRIER", s.status());
+        if (s->value >= r.number) {
+          reply.U8(static_cast<uint8_t>(WaitReply::kStopWaiting));
+        } else {
+          StartBarrier(c, r.key, r.number, s->revision);
+        }
+        return;
+      }
+      case Op::kQueuePush:
+        queues_[r.key].emplace_back(r.value);
+        WakeQueueWaiter(std::string(r.key));
+        return;
+      case Op::kQueuePop: {
+        auto it = queues_.find(r.key);
+        const int64_t size = it == queues_.end() ? 0 : it->second.size();
+        reply.I64(size);
+        if (size > 0) {
+          reply.Bytes(it->second.front());
+          it->second.pop_front();
+          if (it->second.empty()) queues_.erase(it);
+        }
+        return;
+      }
+      case Op::kQueueLen: {
+        auto it = queues_.find(r.key);
+        reply.I64(it == queues_.end() ? 0 : it->second.size());
+        return;
+      }
+      case Op::kWatchKey:
         Close(c,
-              absl::StrFormat("VALIDATE with magic 0x%08x, not 0x%08x", r.word,
-                              tcpstore::kValidateMagic),
-              true);
-      }
-      return;
-    case Op::kPing:
-      reply.U32(r.word);
-      return;
-    case Op::kSet:
-      if (auto s = store_->Set(r.key, r.value); !s.ok()) {
-        fail("SET", s.status());
-      }
-      return;
-    case Op::kAppend:
-      if (auto s = store_->Append(r.key, r.value); !s.ok()) {
-        fail("APPEND", s.status());
-      }
-      return;
-    case Op::kMultiSet:
-      if (auto s = store_->MultiSet(Strings(r.keys), Strings(r.values));
-          !s.ok()) {
-        fail("MULTI_SET", s.status());
-      }
-      return;
-    case Op::kCompareSet: {
-      auto s = store_->CompareSet(r.key, r.expected, r.value);
-      if (!s.ok())
-        return fail("COMPARE_SET", s.status());
-      reply.Bytes(s->value);
-      return;
-    }
-    case Op::kGet: {
-      auto s = store_->TryGet(r.key);
-      if (!s.ok())
-        return fail("GET", s.status());
-      if (s->has_value()) {
-        reply.Bytes(**s);
-      } else if (*c.dialect == Dialect::kTorch21) {
-        reply.Bytes("");
-      } else {
-        // 1.13's server drops such a connection too; its client always
-        // waits for the key before getting it.
-        Close(c,
-              absl::StrCat("GET of missing key \"", absl::CHexEscape(r.key),
-                           "\""),
+              "WATCH_KEY is not supported (PyTorch removed Store.watch_key in "
+              "2.1); watch keys with `cohortctl watch` or the gRPC Watch call",
               false);
-      }
-      return;
-    }
-    case Op::kAdd: {
-      auto s = store_->Add(r.key, r.number);
-      if (!s.ok())
-        return fail("ADD", s.status());
-      reply.I64(s->value);
-      return;
-    }
-    case Op::kCheck: {
-      absl::StatusOr<bool> all = AllExist(r.keys);
-      if (!all.ok())
-        return fail("CHECK", all.status());
-      reply.U8(static_cast<uint8_t>(*all ? CheckReply::kReady
-                                         : CheckReply::kNotReady));
-      return;
-    }
-    case Op::kWait:
-      StartWait(c, r.keys);
-      return;
-    case Op::kNumKeys: {
-      auto s = store_->NumKeys();
-      if (!s.ok())
-        return fail("GETNUMKEYS", s.status());
-      reply.I64(s->num_keys);
-      return;
-    }
-    case Op::kDeleteKey: {
-      auto s = store_->Delete(r.key);
-      if (!s.ok())
-        return fail("DELETE_KEY", s.status());
-      reply.I64(s->deleted ? 1 : 0);
-      return;
-    }
-    case Op::kMultiGet:
-      for (absl::string_view key : r.keys) {
-        auto s = store_->TryGet(key);
-        if (!s.ok())
-          return fail("MULTI_GET", s.status());
-        reply.Bytes(s->has_value() ? absl::string_view(**s) : "");
-      }
-      return;
-    case Op::kCancelWait:
-      CancelBlock(c);
-      reply.U8(static_cast<uint8_t>(WaitReply::kWaitCanceled));
-      return;
-    case Op::kListKeys: {
-      std::vector<std::string> keys;
-      std::string token;
-      do {
-        auto page = store_->ListKeys("", 0, token);
-        if (!page.ok())
-          return fail("LIST_KEYS", page.status());
-        for (std::string &k : page->keys)
-          keys.push_back(std::move(k));
-        token = std::move(page->next_page_token);
-      } while (!token.empty());
-      reply.I64(keys.size());
-      for (const std::string &k : keys)
-        reply.Bytes(k);
-      return;
-    }
-    case Op::kBarrier: {
-      auto s = store_->Add(r.key, 1);
-      if (!s.ok())
-        return fail("BARRIER", s.status());
-      if (s->value >= r.number) {
-        reply.U8(static_cast<uint8_t>(WaitReply::kStopWaiting));
-      } else {
-        StartBarrier(c, r.key, r.number, s->revision);
-      }
-      return;
-    }
-    case Op::kQueuePush:
-      queues_[r.key].emplace_back(r.value);
-      WakeQueueWaiter(std::string(r.key));
-      return;
-    case Op::kQueuePop: {
-      auto it = queues_.find(r.key);
-      const int64_t size = it == queues_.end() ? 0 : it->second.size();
-      reply.I64(size);
-      if (size > 0) {
-        reply.Bytes(it->second.front());
-        it->second.pop_front();
-        if (it->second.empty())
-          queues_.erase(it);
-      }
-      return;
-    }
-    case Op::kQueueLen: {
-      auto it = queues_.find(r.key);
-      reply.I64(it == queues_.end() ? 0 : it->second.size());
-      return;
-    }
-    case Op::kWatchKey:
-      Close(c,
-            "WATCH_KEY is not supported (PyTorch removed Store.watch_key in "
-            "2.1); watch keys with `cohortctl watch` or the gRPC Watch call",
-            false);
-      return;
+        return;
     }
   }
 
@@ -551,14 +528,11 @@ private:
   absl::StatusOr<bool> AllExist(const std::vector<absl::string_view> &keys) {
     std::vector<std::string> in_store;
     for (absl::string_view k : keys) {
-      if (!QueueNonEmpty(k))
-        in_store.emplace_back(k);
+      if (!QueueNonEmpty(k)) in_store.emplace_back(k);
     }
-    if (in_store.empty())
-      return true;
+    if (in_store.empty()) return true;
     auto s = store_->Check(in_store);
-    if (!s.ok())
-      return s.status();
+    if (!s.ok()) return s.status();
     return s->all_exist;
   }
 
@@ -569,8 +543,7 @@ private:
   void StartWait(Conn &c, const std::vector<absl::string_view> &keys) {
     std::vector<std::string> missing;
     for (absl::string_view k : keys) {
-      if (!QueueNonEmpty(k))
-        missing.emplace_back(k);
+      if (!QueueNonEmpty(k)) missing.emplace_back(k);
     }
     if (!missing.empty()) {
       auto s = store_->Check(missing);
@@ -578,8 +551,7 @@ private:
         Close(c, absl::StrCat("WAIT failed: ", s.status().message()), false);
         return;
       }
-      if (s->all_exist)
-        missing.clear();
+      if (s->all_exist) missing.clear();
     }
     if (missing.empty()) {
       StopWaiting(c);
@@ -591,16 +563,14 @@ private:
     const uint64_t seq = ++c.seq;
     if (*c.dialect == Dialect::kTorch21) {
       // A QUEUE_PUSH to one of the keys may end the wait instead.
-      for (const std::string &k : missing)
-        queue_waiters_[k].insert(id);
+      for (const std::string &k : missing) queue_waiters_[k].insert(id);
       c.wait_keys = missing;
     }
     c.wait_id = store_->WaitForKeys(
         std::move(missing), /*read_values=*/false, absl::InfiniteDuration(),
         [this, id, seq](absl::StatusOr<store::ReadResult> result) {
           Post([this, id, seq, status = result.status()] {
-            if (Conn *c = Find(id); c != nullptr)
-              Complete(*c, seq, status);
+            if (Conn *c = Find(id); c != nullptr) Complete(*c, seq, status);
           });
         });
   }
@@ -644,33 +614,27 @@ private:
 
   void OnBarrierCount(const std::string &key, int64_t count) {
     auto it = barriers_.find(key);
-    if (it == barriers_.end())
-      return;
+    if (it == barriers_.end()) return;
     std::vector<uint64_t> done;
     for (const auto &[id, wait] : it->second.waiting) {
-      if (count >= wait.second)
-        done.push_back(id);
+      if (count >= wait.second) done.push_back(id);
     }
     for (uint64_t id : done) {
       it = barriers_.find(key);
-      if (it == barriers_.end())
-        return;
+      if (it == barriers_.end()) return;
       auto wait = it->second.waiting.find(id);
       Conn *c = Find(id);
-      if (wait == it->second.waiting.end() || c == nullptr)
-        continue;
+      if (wait == it->second.waiting.end() || c == nullptr) continue;
       Complete(*c, wait->second.first, absl::OkStatus());
     }
   }
 
   void OnBarrierClosed(const std::string &key, const absl::Status &status) {
     auto it = barriers_.find(key);
-    if (it == barriers_.end())
-      return;
+    if (it == barriers_.end()) return;
     std::vector<uint64_t> ids;
-    for (const auto &[id, wait] : it->second.waiting)
-      ids.push_back(id);
-    it->second.watch = 0; // Ended by the store; nothing to cancel.
+    for (const auto &[id, wait] : it->second.waiting) ids.push_back(id);
+    it->second.watch = 0;  // Ended by the store; nothing to cancel.
     for (uint64_t id : ids) {
       if (Conn *c = Find(id)) {
         Close(*c, absl::StrCat("BARRIER ended: ", status.message()), false);
@@ -681,8 +645,7 @@ private:
   // Ends the connection's blocked request with STOP_WAITING (or closes it
   // with the store's error), then carries on with what it sent since.
   void Complete(Conn &c, uint64_t seq, const absl::Status &status) {
-    if (c.closing || c.block == Block::kNone || c.seq != seq)
-      return;
+    if (c.closing || c.block == Block::kNone || c.seq != seq) return;
     if (!status.ok()) {
       Close(c, absl::StrCat("wait ended: ", status.message()), false);
       return;
@@ -695,8 +658,7 @@ private:
   // Carries on with requests held back by a blocked request or unread
   // replies.
   void Resume(Conn &c) {
-    if (c.closing)
-      return;
+    if (c.closing) return;
     if (!c.in.empty() && c.in.size() >= c.need) {
       c.in.erase(0, Process(c, c.in));
     }
@@ -706,15 +668,13 @@ private:
 
   void WakeQueueWaiter(const std::string &key) {
     auto it = queue_waiters_.find(key);
-    if (it == queue_waiters_.end())
-      return;
+    if (it == queue_waiters_.end()) return;
     // One waiter per push: the one that pops it.
     while (it != queue_waiters_.end() && !it->second.empty()) {
       const uint64_t id = *it->second.begin();
       it->second.erase(it->second.begin());
       Conn *c = Find(id);
-      if (c == nullptr || c->block != Block::kWait)
-        continue;
+      if (c == nullptr || c->block != Block::kWait) continue;
       std::vector<absl::string_view> keys(c->wait_keys.begin(),
                                           c->wait_keys.end());
       absl::StatusOr<bool> all = AllExist(keys);
@@ -733,17 +693,14 @@ private:
 
   // Forgets the connection's blocked request, wherever it is indexed.
   void ClearBlock(Conn &c) {
-    if (c.block == Block::kNone)
-      return;
+    if (c.block == Block::kNone) return;
     --blocked_;
     if (c.block == Block::kWait) {
       for (const std::string &k : c.wait_keys) {
         auto it = queue_waiters_.find(k);
-        if (it == queue_waiters_.end())
-          continue;
+        if (it == queue_waiters_.end()) continue;
         it->second.erase(c.id);
-        if (it->second.empty())
-          queue_waiters_.erase(it);
+        if (it->second.empty()) queue_waiters_.erase(it);
       }
       c.wait_keys.clear();
       c.wait_id = 0;
@@ -752,8 +709,7 @@ private:
       if (it != barriers_.end()) {
         it->second.waiting.erase(c.id);
         if (it->second.waiting.empty()) {
-          if (it->second.watch != 0)
-            store_->CancelWatch(it->second.watch);
+          if (it->second.watch != 0) store_->CancelWatch(it->second.watch);
           barriers_.erase(it);
         }
       }
@@ -764,8 +720,7 @@ private:
   }
 
   void CancelBlock(Conn &c) {
-    if (c.block == Block::kWait)
-      store_->CancelWait(c.wait_id);
+    if (c.block == Block::kWait) store_->CancelWait(c.wait_id);
     ClearBlock(c);
   }
 
@@ -779,8 +734,7 @@ private:
       return;
     }
     absl::MutexLock lock(&mu_);
-    if (stopped_)
-      return;
+    if (stopped_) return;
     posted_.push_back(std::move(fn));
     uv_async_send(&async_);
   }
@@ -789,8 +743,7 @@ private:
     while (!local_.empty()) {
       std::vector<std::function<void()>> batch;
       batch.swap(local_);
-      for (auto &fn : batch)
-        fn();
+      for (auto &fn : batch) fn();
     }
   }
 
@@ -802,23 +755,18 @@ private:
       batch.swap(posted_);
       stop = stop_requested_;
     }
-    for (auto &fn : batch)
-      fn();
+    for (auto &fn : batch) fn();
     RunLocal();
-    if (stop)
-      Shutdown();
+    if (stop) Shutdown();
   }
 
   void Shutdown() {
     uv_close(reinterpret_cast<uv_handle_t *>(&listener_), nullptr);
     std::vector<Conn *> all;
-    for (auto &[id, c] : conns_)
-      all.push_back(c);
-    for (Conn *c : all)
-      Close(*c, "", false);
+    for (auto &[id, c] : conns_) all.push_back(c);
+    for (Conn *c : all) Close(*c, "", false);
     for (auto &[key, b] : barriers_) {
-      if (b.watch != 0)
-        store_->CancelWatch(b.watch);
+      if (b.watch != 0) store_->CancelWatch(b.watch);
     }
     barriers_.clear();
     {
@@ -829,8 +777,7 @@ private:
   }
 
   void LogLimited(std::string line) {
-    if (!options_.log)
-      return;
+    if (!options_.log) return;
     const absl::Time now = absl::Now();
     if (now - last_log_ < options_.log_every) {
       ++suppressed_;
@@ -880,27 +827,24 @@ private:
   std::atomic<uint64_t> requests_{0};
 };
 
-absl::StatusOr<std::unique_ptr<TcpStoreServer>>
-TcpStoreServer::Start(store::KvStore *store, TcpStoreServerOptions options) {
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
+    store::KvStore *store, TcpStoreServerOptions options) {
   int port = 0;
   absl::StatusOr<int> fd = ListenExclusive(options.listen, &port);
-  if (!fd.ok())
-    return fd.status();
+  if (!fd.ok()) return fd.status();
   std::unique_ptr<TcpStoreServer> server(new TcpStoreServer);
   server->port_ = port;
   server->loop_ = std::make_unique<Loop>(store, std::move(options));
-  if (absl::Status s = server->loop_->Start(*fd); !s.ok())
-    return s;
+  if (absl::Status s = server->loop_->Start(*fd); !s.ok()) return s;
   return server;
 }
 
 TcpStoreServer::~TcpStoreServer() { Stop(); }
 
 void TcpStoreServer::Stop() {
-  if (loop_ != nullptr)
-    loop_->Stop();
+  if (loop_ != nullptr) loop_->Stop();
 }
 
 TcpStoreServerStats TcpStoreServer::stats() { return loop_->Stats(); }
 
-} // namespace cohort::server
+}  // namespace cohort::server

@@ -55,19 +55,19 @@ struct TcpStoreServerOptions {
 };
 
 struct TcpStoreServerStats {
-  size_t connections = 0; // Open now.
-  size_t blocked = 0;     // Connections waiting in WAIT or BARRIER.
-  uint64_t accepted = 0;  // Since start.
+  size_t connections = 0;  // Open now.
+  size_t blocked = 0;      // Connections waiting in WAIT or BARRIER.
+  uint64_t accepted = 0;   // Since start.
   uint64_t closed_bad_input = 0;
   uint64_t requests = 0;
 };
 
 class TcpStoreServer {
-public:
+ public:
   // Binds `options.listen` exclusively and starts the loop thread. `store`
   // must outlive the server. UNAVAILABLE naming the address if it is taken.
-  static absl::StatusOr<std::unique_ptr<TcpStoreServer>>
-  Start(store::KvStore *store, TcpStoreServerOptions options);
+  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
+      store::KvStore *store, TcpStoreServerOptions options);
 
   // Stops if Stop was not called.
   ~TcpStoreServer();
@@ -83,7 +83,7 @@ public:
   // A snapshot taken on the loop thread.
   TcpStoreServerStats stats();
 
-private:
+ private:
   class Loop;
   TcpStoreServer() = default;
 
@@ -91,6 +91,6 @@ private:
   int port_ = 0;
 };
 
-} // namespace cohort::server
+}  // namespace cohort::server
 
-#endif // COHORT_SERVER_TCPSTORE_SERVER_H_
+#endif  // COHORT_SERVER_TCPSTORE_SERVER_H_

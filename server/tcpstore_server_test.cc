@@ -23,10 +23,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "gtest/gtest.h"
 #include "proto/tcpstore/wire.h"
 #include "store/kv_engine.h"
 #include "store/kv_store.h"
-#include "gtest/gtest.h"
 
 namespace cohort::server {
 namespace {
@@ -38,7 +38,7 @@ using tcpstore::Request;
 
 // A raw client socket: bytes in, bytes out, nothing interpreted.
 class Wire {
-public:
+ public:
   explicit Wire(int port) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in addr = {};
@@ -59,8 +59,7 @@ public:
     while (sent < bytes.size()) {
       ssize_t n =
           send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-      if (n <= 0)
-        return;
+      if (n <= 0) return;
       sent += n;
     }
   }
@@ -79,12 +78,10 @@ public:
       struct pollfd p = {fd_, POLLIN, 0};
       int ms =
           static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-      if (ms <= 0 || poll(&p, 1, ms) <= 0)
-        return std::nullopt;
+      if (ms <= 0 || poll(&p, 1, ms) <= 0) return std::nullopt;
       char buf[65536];
       ssize_t r = recv(fd_, buf, std::min(sizeof(buf), n - got.size()), 0);
-      if (r <= 0)
-        return std::nullopt;
+      if (r <= 0) return std::nullopt;
       got.append(buf, r);
     }
     return got;
@@ -96,12 +93,10 @@ public:
       struct pollfd p = {fd_, POLLIN, 0};
       int ms =
           static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-      if (ms <= 0 || poll(&p, 1, ms) <= 0)
-        return false;
+      if (ms <= 0 || poll(&p, 1, ms) <= 0) return false;
       char buf[4096];
       ssize_t r = recv(fd_, buf, sizeof(buf), 0);
-      if (r <= 0)
-        return true;
+      if (r <= 0) return true;
     }
   }
   // Nothing arrives within `quiet`.
@@ -112,14 +107,12 @@ public:
 
   std::optional<uint8_t> U8() {
     auto b = Read(1);
-    if (!b)
-      return std::nullopt;
+    if (!b) return std::nullopt;
     return static_cast<uint8_t>((*b)[0]);
   }
   std::optional<int64_t> I64() {
     auto b = Read(8);
-    if (!b)
-      return std::nullopt;
+    if (!b) return std::nullopt;
     tcpstore::Decoder d(*b);
     int64_t v = 0;
     d.I64(&v);
@@ -127,14 +120,12 @@ public:
   }
   std::optional<std::string> Bytes() {
     auto n = I64();
-    if (!n)
-      return std::nullopt;
-    if (*n == 0)
-      return std::string();
+    if (!n) return std::nullopt;
+    if (*n == 0) return std::string();
     return Read(*n);
   }
 
-private:
+ private:
   int fd_ = -1;
   bool connected_ = false;
 };
@@ -158,7 +149,7 @@ constexpr uint8_t kStopWaiting = 0;
 constexpr uint8_t kWaitCanceled = 1;
 
 class TcpStoreServerTest : public ::testing::Test {
-protected:
+ protected:
   void SetUp() override {
     store::StoreLimits limits;
     limits.max_key_bytes = 1024;
@@ -234,30 +225,30 @@ TEST_F(TcpStoreServerTest, Torch21EveryKeyValueQuery) {
   w->Send(d, add);
   EXPECT_EQ(w->I64(), 3);
   w->Send(d, Q(Op::kGet, "/n"));
-  EXPECT_EQ(w->Bytes(), "3"); // Counters are decimal text.
+  EXPECT_EQ(w->Bytes(), "3");  // Counters are decimal text.
 
   // compare_set's four cases.
   Request cas = Q(Op::kCompareSet, "/c", "v1");
   cas.expected = "";
   w->Send(d, cas);
-  EXPECT_EQ(w->Bytes(), "v1"); // Missing, expected empty: written.
+  EXPECT_EQ(w->Bytes(), "v1");  // Missing, expected empty: written.
   cas.expected = "nope";
   cas.value = "v2";
   w->Send(d, cas);
-  EXPECT_EQ(w->Bytes(), "v1"); // Mismatch: the current value.
+  EXPECT_EQ(w->Bytes(), "v1");  // Mismatch: the current value.
   cas.expected = "v1";
   w->Send(d, cas);
-  EXPECT_EQ(w->Bytes(), "v2"); // Match: the new value.
+  EXPECT_EQ(w->Bytes(), "v2");  // Match: the new value.
   cas = Q(Op::kCompareSet, "/missing", "d");
   cas.expected = "guess";
   w->Send(d, cas);
-  EXPECT_EQ(w->Bytes(), "guess"); // Missing, expected given: no write.
+  EXPECT_EQ(w->Bytes(), "guess");  // Missing, expected given: no write.
   EXPECT_EQ(*store_->TryGet("/missing"), std::nullopt);
 
   w->Send(d, Keys(Op::kCheck, {"/a", "/n"}));
-  EXPECT_EQ(w->U8(), 0); // READY
+  EXPECT_EQ(w->U8(), 0);  // READY
   w->Send(d, Keys(Op::kCheck, {"/a", "/missing"}));
-  EXPECT_EQ(w->U8(), 1); // NOT_READY
+  EXPECT_EQ(w->U8(), 1);  // NOT_READY
 
   w->Send(d, Q(Op::kNumKeys));
   EXPECT_EQ(w->I64(), 3);
@@ -283,8 +274,7 @@ TEST_F(TcpStoreServerTest, Torch21EveryKeyValueQuery) {
   w->Send(d, Q(Op::kListKeys));
   EXPECT_EQ(w->I64(), 5);
   std::vector<std::string> keys;
-  for (int i = 0; i < 5; ++i)
-    keys.push_back(w->Bytes().value_or("?"));
+  for (int i = 0; i < 5; ++i) keys.push_back(w->Bytes().value_or("?"));
   std::sort(keys.begin(), keys.end());
   EXPECT_EQ(keys, (std::vector<std::string>{"/a", "/log", "/m1", "/m2", "/n"}));
   EXPECT_TRUE(w->Silent());
@@ -360,12 +350,10 @@ TEST_F(TcpStoreServerTest, BarrierReleasesEveryoneWhenTheLastArrives) {
     ranks.push_back(Validated());
     ranks.back()->Send(Dialect::kTorch21, barrier);
   }
-  for (auto &r : ranks)
-    EXPECT_TRUE(r->Silent());
+  for (auto &r : ranks) EXPECT_TRUE(r->Silent());
   ranks.push_back(Validated());
   ranks.back()->Send(Dialect::kTorch21, barrier);
-  for (auto &r : ranks)
-    EXPECT_EQ(r->U8(), kStopWaiting);
+  for (auto &r : ranks) EXPECT_EQ(r->U8(), kStopWaiting);
   EXPECT_EQ(*store_->TryGet("/b"), std::optional<std::string>("3"));
   // A barrier can also be completed by adds from elsewhere (gRPC Add).
   barrier = Q(Op::kBarrier, "/b2");
@@ -390,7 +378,7 @@ TEST_F(TcpStoreServerTest, QueuesPushPopAndWakeOneWaiter) {
   producer->Send(d, Q(Op::kQueueLen, "/q"));
   EXPECT_EQ(producer->I64(), 0);
   producer->Send(d, Q(Op::kQueuePop, "/q"));
-  EXPECT_EQ(producer->I64(), 0); // Empty: no bytes follow.
+  EXPECT_EQ(producer->I64(), 0);  // Empty: no bytes follow.
   // Two blocking pops (WAIT, as the client does first); one push wakes one.
   a->Send(d, Keys(Op::kWait, {"/q"}));
   b->Send(d, Keys(Op::kWait, {"/q"}));
@@ -452,15 +440,15 @@ TEST_F(TcpStoreServerTest, BadInputClosesOnlyThatConnection) {
     std::string bytes;
     std::string logged;
   };
-  std::string absurd(1, '\x00'); // 1.13 SET
+  std::string absurd(1, '\x00');  // 1.13 SET
   Encoder(&absurd).U64(uint64_t{1} << 60);
   std::string validated_unknown;
   Encoder(&validated_unknown).U8(0);
   Encoder(&validated_unknown).U32(tcpstore::kValidateMagic);
   Encoder(&validated_unknown).U8(77);
-  std::string many_keys(1, '\x05'); // 1.13 WAIT with 2^40 keys
+  std::string many_keys(1, '\x05');  // 1.13 WAIT with 2^40 keys
   Encoder(&many_keys).U64(uint64_t{1} << 40);
-  std::string big_value; // A 2 MiB value over the 1 MiB limit.
+  std::string big_value;  // A 2 MiB value over the 1 MiB limit.
   tcpstore::EncodeRequest(Dialect::kTorch21, Q(Op::kSet, "/v"), &big_value);
   big_value.resize(1 + 8 + 2);
   Encoder(&big_value).U64(2 << 20);
@@ -494,8 +482,7 @@ int64_t RssBytes() {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0)
-      return std::stoll(line.substr(6)) << 10;
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) << 10;
   }
   return -1;
 }
@@ -536,5 +523,5 @@ TEST_F(TcpStoreServerTest, StopEndsBlockedConnections) {
   EXPECT_FALSE(late.connected());
 }
 
-} // namespace
-} // namespace cohort::server
+}  // namespace
+}  // namespace cohort::server

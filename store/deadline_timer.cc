@@ -50,18 +50,16 @@ struct TimerThread {
   void Forget(const DeadlineTimer *owner, DeadlineTimer::TimerId id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto it = by_owner.find(owner);
-    if (it == by_owner.end())
-      return;
+    if (it == by_owner.end()) return;
     it->second.erase(id);
-    if (it->second.empty())
-      by_owner.erase(it);
+    if (it->second.empty()) by_owner.erase(it);
   }
 
   absl::Mutex mu;
-  std::map<std::pair<absl::Time, DeadlineTimer::TimerId>, Entry>
-      queue ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<DeadlineTimer::TimerId, absl::Time>
-      when ABSL_GUARDED_BY(mu);
+  std::map<std::pair<absl::Time, DeadlineTimer::TimerId>, Entry> queue
+      ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<DeadlineTimer::TimerId, absl::Time> when
+      ABSL_GUARDED_BY(mu);
   // Each timer's pending callbacks, so its destructor can drop them.
   absl::flat_hash_map<const DeadlineTimer *,
                       absl::flat_hash_set<DeadlineTimer::TimerId>>
@@ -77,7 +75,7 @@ TimerThread &Shared() {
   return *shared;
 }
 
-} // namespace
+}  // namespace
 
 DeadlineTimer::DeadlineTimer() { Shared(); }
 
@@ -87,8 +85,7 @@ DeadlineTimer::~DeadlineTimer() {
   if (auto mine = t.by_owner.find(this); mine != t.by_owner.end()) {
     for (TimerId id : mine->second) {
       auto it = t.when.find(id);
-      if (it == t.when.end())
-        continue;
+      if (it == t.when.end()) continue;
       t.queue.erase(std::make_pair(it->second, id));
       t.when.erase(it);
     }
@@ -116,12 +113,11 @@ bool DeadlineTimer::Cancel(TimerId id) {
   TimerThread &t = Shared();
   absl::MutexLock lock(&t.mu);
   auto it = t.when.find(id);
-  if (it == t.when.end())
-    return false;
+  if (it == t.when.end()) return false;
   t.queue.erase(std::make_pair(it->second, id));
   t.when.erase(it);
   t.Forget(this, id);
   return true;
 }
 
-} // namespace cohort::store
+}  // namespace cohort::store

@@ -13,7 +13,7 @@
 namespace cohort::store {
 
 class DeadlineTimer {
-public:
+ public:
   using TimerId = uint64_t;
 
   DeadlineTimer();
@@ -33,6 +33,6 @@ public:
   bool Cancel(TimerId id);
 };
 
-} // namespace cohort::store
+}  // namespace cohort::store
 
-#endif // COHORT_STORE_DEADLINE_TIMER_H_
+#endif  // COHORT_STORE_DEADLINE_TIMER_H_

@@ -54,8 +54,7 @@ std::string EncodeRevision(int64_t revision) {
 
 int64_t DecodeRevision(absl::string_view bytes) {
   uint64_t v = 0;
-  for (unsigned char c : bytes)
-    v = (v << 8) | c;
+  for (unsigned char c : bytes) v = (v << 8) | c;
   return static_cast<int64_t>(v);
 }
 
@@ -71,8 +70,7 @@ void FlushOnLowPool(rocksdb::Env *env) {
 
 int64_t FreeBytes(const std::string &path) {
   struct statvfs st;
-  if (statvfs(path.c_str(), &st) != 0)
-    return -1;
+  if (statvfs(path.c_str(), &st) != 0) return -1;
   return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
 }
 
@@ -80,8 +78,7 @@ int64_t FreeBytes(const std::string &path) {
 // RESOURCE_EXHAUSTED naming the data dir, anything else INTERNAL.
 absl::Status RocksError(const rocksdb::Status &s, absl::string_view what,
                         const std::string &path) {
-  if (s.ok())
-    return absl::OkStatus();
+  if (s.ok()) return absl::OkStatus();
   if (s.IsNoSpace() || absl::StrContains(s.ToString(), "No space left")) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the data dir ", path, " is out of space (", FreeBytes(path),
@@ -96,7 +93,7 @@ absl::Status RocksError(const rocksdb::Status &s, absl::string_view what,
 // data dir: a full data disk must not be able to fail (and, in Debian's
 // build with assertions, abort) a log write. Only warnings and worse.
 class ForwardingLogger final : public rocksdb::Logger {
-public:
+ public:
   explicit ForwardingLogger(std::function<void(absl::string_view)> sink)
       : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL),
         sink_(std::move(sink)) {}
@@ -105,12 +102,11 @@ public:
   void Logv(const char *format, va_list ap) override {
     char buf[1024];
     int n = std::vsnprintf(buf, sizeof(buf), format, ap);
-    if (n < 0)
-      return;
+    if (n < 0) return;
     sink_(absl::string_view(buf, std::min<size_t>(n, sizeof(buf) - 1)));
   }
 
-private:
+ private:
   std::function<void(absl::string_view)> sink_;
 };
 
@@ -119,7 +115,7 @@ private:
 // space is back) instead of starting its own, which in 7.8 can get stuck
 // after one failed attempt and refuse every Resume as Busy from then on.
 class NoAutoRecoveryFileSystem final : public rocksdb::FileSystemWrapper {
-public:
+ public:
   explicit NoAutoRecoveryFileSystem(std::shared_ptr<rocksdb::FileSystem> fs)
       : rocksdb::FileSystemWrapper(std::move(fs)) {}
   static const char *kClassName() { return "NoAutoRecoveryFileSystem"; }
@@ -132,11 +128,13 @@ public:
 };
 
 class RocksDbEngine final : public KvEngine {
-public:
+ public:
   RocksDbEngine(std::unique_ptr<rocksdb::Env> env, rocksdb::Options db_options,
                 std::unique_ptr<rocksdb::DB> db, const RocksDbOptions &options)
-      : env_(std::move(env)), db_options_(std::move(db_options)),
-        db_(std::move(db)), path_(options.path),
+      : env_(std::move(env)),
+        db_options_(std::move(db_options)),
+        db_(std::move(db)),
+        path_(options.path),
         min_free_bytes_(options.min_free_bytes) {
     write_options_.sync = options.sync_writes;
   }
@@ -144,10 +142,8 @@ public:
   ~RocksDbEngine() override {
     // Closing flushes nothing the WAL does not already hold; it only makes
     // the next open faster. After a failed write there is nothing to add.
-    if (db_ == nullptr)
-      return;
-    if (failed_.ok())
-      db_->FlushWAL(/*sync=*/true).PermitUncheckedError();
+    if (db_ == nullptr) return;
+    if (failed_.ok()) db_->FlushWAL(/*sync=*/true).PermitUncheckedError();
     db_->Close().PermitUncheckedError();
   }
 
@@ -171,18 +167,14 @@ public:
 
   absl::string_view name() const override { return "rocksdb"; }
 
-  absl::StatusOr<std::optional<std::string>>
-  Get(absl::string_view key) const override {
-    if (!keys_.contains(key))
-      return std::nullopt;
-    if (db_ == nullptr)
-      return failed_;
+  absl::StatusOr<std::optional<std::string>> Get(
+      absl::string_view key) const override {
+    if (!keys_.contains(key)) return std::nullopt;
+    if (db_ == nullptr) return failed_;
     std::string value;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), DataKey(key), &value);
-    if (s.IsNotFound())
-      return std::nullopt;
-    if (!s.ok())
-      return FromRocks(s, "get");
+    if (s.IsNotFound()) return std::nullopt;
+    if (!s.ok()) return FromRocks(s, "get");
     return value;
   }
 
@@ -190,13 +182,15 @@ public:
     return keys_.contains(key);
   }
 
-  std::unique_ptr<PreparedRead>
-  PrepareRead(std::vector<std::string> keys) const override {
+  std::unique_ptr<PreparedRead> PrepareRead(
+      std::vector<std::string> keys) const override {
     class AtSnapshot final : public PreparedRead {
-    public:
+     public:
       AtSnapshot(rocksdb::DB *db, std::vector<std::string> keys,
                  std::shared_ptr<std::atomic<int>> out)
-          : db_(db), snapshot_(db->GetSnapshot()), keys_(std::move(keys)),
+          : db_(db),
+            snapshot_(db->GetSnapshot()),
+            keys_(std::move(keys)),
             out_(std::move(out)) {
         ++*out_;
       }
@@ -211,13 +205,12 @@ public:
         std::vector<std::string> values(keys_.size());
         for (size_t i = 0; i < keys_.size(); ++i) {
           rocksdb::Status s = db_->Get(options, DataKey(keys_[i]), &values[i]);
-          if (!s.ok())
-            return RocksError(s, "get", "");
+          if (!s.ok()) return RocksError(s, "get", "");
         }
         return values;
       }
 
-    private:
+     private:
       rocksdb::DB *const db_;
       const rocksdb::Snapshot *const snapshot_;
       const std::vector<std::string> keys_;
@@ -225,13 +218,13 @@ public:
     };
     if (db_ == nullptr) {
       class Failed final : public PreparedRead {
-      public:
+       public:
         explicit Failed(absl::Status s) : status_(std::move(s)) {}
         absl::StatusOr<std::vector<std::string>> Read() override {
           return status_;
         }
 
-      private:
+       private:
         absl::Status status_;
       };
       return std::make_unique<Failed>(failed_);
@@ -255,13 +248,11 @@ public:
     // After a failed write RocksDB takes no more until it resumes, which is
     // tried once the space is back.
     if (!failed_.ok()) {
-      if (absl::Status s = CheckWritable(); !s.ok())
-        return s;
+      if (absl::Status s = CheckWritable(); !s.ok()) return s;
     }
     // Deletes pass the reserve: they are how space is given back.
     if (put_bytes > 0) {
-      if (absl::Status s = Admit(put_bytes); !s.ok())
-        return s;
+      if (absl::Status s = Admit(put_bytes); !s.ok()) return s;
     }
     rocksdb::Status written = db_->Write(write_options_, &batch);
     if (!written.ok()) {
@@ -286,11 +277,10 @@ public:
 
   int64_t NumKeys() const override { return keys_.size(); }
 
-  absl::StatusOr<std::vector<std::string>>
-  ListKeys(absl::string_view prefix, absl::string_view start_after,
-           size_t limit) const override {
-    if (db_ == nullptr)
-      return failed_;
+  absl::StatusOr<std::vector<std::string>> ListKeys(
+      absl::string_view prefix, absl::string_view start_after,
+      size_t limit) const override {
+    if (db_ == nullptr) return failed_;
     std::vector<std::string> keys;
     rocksdb::ReadOptions keys_only;
     keys_only.fill_cache = false;
@@ -308,20 +298,16 @@ public:
     }
     for (; it->Valid() && keys.size() < limit; it->Next()) {
       absl::string_view k(it->key().data(), it->key().size());
-      if (!absl::StartsWith(k, data_prefix))
-        break;
+      if (!absl::StartsWith(k, data_prefix)) break;
       keys.emplace_back(k.substr(1));
     }
-    if (absl::Status s = FromRocks(it->status(), "list"); !s.ok())
-      return s;
+    if (absl::Status s = FromRocks(it->status(), "list"); !s.ok()) return s;
     return keys;
   }
 
   absl::Status Flush() override {
-    if (absl::Status s = CheckWritable(); !s.ok())
-      return s;
-    if (db_ == nullptr)
-      return failed_;
+    if (absl::Status s = CheckWritable(); !s.ok()) return s;
+    if (db_ == nullptr) return failed_;
     if (absl::Status s = FromRocks(db_->FlushWAL(/*sync=*/true), "flush wal");
         !s.ok()) {
       return s;
@@ -333,8 +319,7 @@ public:
     if (needed_free_ > 0) {
       const int64_t free = FreeBytes(path_);
       if (free >= 0 && static_cast<uint64_t>(free) < needed_free_) {
-        if (!failed_.ok())
-          return failed_;
+        if (!failed_.ok()) return failed_;
         return absl::ResourceExhaustedError(
             absl::StrCat("the data dir ", path_, " has ", free,
                          " bytes free; writes "
@@ -348,7 +333,7 @@ public:
     return Resume();
   }
 
-private:
+ private:
   // Free space, beyond the reserve, that must come back before RocksDB is
   // asked to resume after running out of it.
   static constexpr uint64_t kResumeFreeBytes = 4 << 20;
@@ -357,8 +342,7 @@ private:
   // this lets it start a new WAL and go on. While RocksDB's own recovery
   // runs (Busy) or space is still short, the original error stands.
   absl::Status Resume() {
-    if (failed_.ok())
-      return failed_;
+    if (failed_.ok()) return failed_;
     const bool writable = db_ != nullptr && !read_only_;
     // Busy: RocksDB is recovering by itself, or nothing was tried.
     rocksdb::Status s = writable ? db_->Resume() : rocksdb::Status::Busy();
@@ -377,8 +361,7 @@ private:
       // Still out of space: the original error stands; anything else
       // replaces it.
       absl::Status resumed = FromRocks(s, "resume");
-      if (!absl::IsResourceExhausted(resumed))
-        failed_ = resumed;
+      if (!absl::IsResourceExhausted(resumed)) failed_ = resumed;
     }
     return failed_;
   }
@@ -386,13 +369,11 @@ private:
   // Closes and opens the database again, reloading keys and revision.
   // REQUIRES: no PreparedRead is out.
   rocksdb::Status Reopen() {
-    if (db_ != nullptr)
-      db_->Close().PermitUncheckedError();
+    if (db_ != nullptr) db_->Close().PermitUncheckedError();
     db_.reset();
     rocksdb::DB *raw = nullptr;
     rocksdb::Status s = rocksdb::DB::Open(db_options_, path_, &raw);
-    if (s.ok())
-      FlushOnLowPool(db_options_.env);
+    if (s.ok()) FlushOnLowPool(db_options_.env);
     if (!s.ok()) {
       // Reads go on from a read-only instance until a later Reopen works.
       rocksdb::DB *read_only = nullptr;
@@ -441,11 +422,9 @@ private:
     free_checked_ = free;
     free_checked_at_ = now;
     admitted_since_check_ = 0;
-    if (free < 0)
-      return absl::OkStatus(); // Unknown: let RocksDB decide.
-    if (static_cast<uint64_t>(free) >= needed)
-      return absl::OkStatus();
-    free_checked_ = -1; // Ask again next time.
+    if (free < 0) return absl::OkStatus();  // Unknown: let RocksDB decide.
+    if (static_cast<uint64_t>(free) >= needed) return absl::OkStatus();
+    free_checked_ = -1;  // Ask again next time.
     needed_free_ = std::max(needed_free_, needed);
     return absl::ResourceExhaustedError(absl::StrCat(
         "the data dir ", path_, " has ", free,
@@ -491,10 +470,10 @@ private:
   uint64_t admitted_since_check_ = 0;
 };
 
-} // namespace
+}  // namespace
 
-absl::StatusOr<std::unique_ptr<KvEngine>>
-OpenRocksDbEngine(const RocksDbOptions &options) {
+absl::StatusOr<std::unique_ptr<KvEngine>> OpenRocksDbEngine(
+    const RocksDbOptions &options) {
   rocksdb::Options db_options;
   db_options.create_if_missing = true;
   rocksdb::Env *base =
@@ -530,8 +509,7 @@ OpenRocksDbEngine(const RocksDbOptions &options) {
 
   rocksdb::DB *raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(db_options, options.path, &raw);
-  if (s.ok())
-    FlushOnLowPool(db_options.env);
+  if (s.ok()) FlushOnLowPool(db_options.env);
   if (!s.ok()) {
     const int64_t free = FreeBytes(options.path);
     return absl::FailedPreconditionError(absl::StrCat(
@@ -544,9 +522,8 @@ OpenRocksDbEngine(const RocksDbOptions &options) {
   }
   auto engine = std::make_unique<RocksDbEngine>(
       std::move(env), db_options, std::unique_ptr<rocksdb::DB>(raw), options);
-  if (absl::Status st = engine->Load(); !st.ok())
-    return st;
+  if (absl::Status st = engine->Load(); !st.ok()) return st;
   return engine;
 }
 
-} // namespace cohort::store
+}  // namespace cohort::store

@@ -21,10 +21,10 @@ constexpr Op kTorch21Codes[] = {
     Op::kQueueLen,   Op::kListKeys, Op::kBarrier,
 };
 
-template <size_t N> std::optional<uint8_t> Find(const Op (&table)[N], Op op) {
+template <size_t N>
+std::optional<uint8_t> Find(const Op (&table)[N], Op op) {
   for (size_t i = 0; i < N; ++i) {
-    if (table[i] == op)
-      return static_cast<uint8_t>(i);
+    if (table[i] == op) return static_cast<uint8_t>(i);
   }
   return std::nullopt;
 }
@@ -32,46 +32,46 @@ template <size_t N> std::optional<uint8_t> Find(const Op (&table)[N], Op op) {
 // Parses the fields of `request->op`, whose type byte `d` has consumed.
 // Returns false when a field is missing (incomplete) or bad (*error set).
 class FieldParser {
-public:
+ public:
   FieldParser(Decoder &d, const Limits &limits, Request *request,
               std::string *error)
       : d_(d), limits_(limits), r_(request), error_(error) {}
 
   bool Parse() {
     switch (r_->op) {
-    case Op::kValidate:
-    case Op::kPing:
-      return d_.U32(&r_->word);
-    case Op::kSet:
-    case Op::kAppend:
-    case Op::kQueuePush:
-      return Key(&r_->key) && Value(&r_->value);
-    case Op::kCompareSet:
-      return Key(&r_->key) && Value(&r_->expected) && Value(&r_->value);
-    case Op::kGet:
-    case Op::kWatchKey:
-    case Op::kDeleteKey:
-    case Op::kQueuePop:
-    case Op::kQueueLen:
-      return Key(&r_->key);
-    case Op::kAdd:
-    case Op::kBarrier:
-      return Key(&r_->key) && d_.I64(&r_->number);
-    case Op::kCheck:
-    case Op::kWait:
-    case Op::kMultiGet:
-      return KeyList(/*with_values=*/false);
-    case Op::kMultiSet:
-      return KeyList(/*with_values=*/true);
-    case Op::kNumKeys:
-    case Op::kCancelWait:
-    case Op::kListKeys:
-      return true;
+      case Op::kValidate:
+      case Op::kPing:
+        return d_.U32(&r_->word);
+      case Op::kSet:
+      case Op::kAppend:
+      case Op::kQueuePush:
+        return Key(&r_->key) && Value(&r_->value);
+      case Op::kCompareSet:
+        return Key(&r_->key) && Value(&r_->expected) && Value(&r_->value);
+      case Op::kGet:
+      case Op::kWatchKey:
+      case Op::kDeleteKey:
+      case Op::kQueuePop:
+      case Op::kQueueLen:
+        return Key(&r_->key);
+      case Op::kAdd:
+      case Op::kBarrier:
+        return Key(&r_->key) && d_.I64(&r_->number);
+      case Op::kCheck:
+      case Op::kWait:
+      case Op::kMultiGet:
+        return KeyList(/*with_values=*/false);
+      case Op::kMultiSet:
+        return KeyList(/*with_values=*/true);
+      case Op::kNumKeys:
+      case Op::kCancelWait:
+      case Op::kListKeys:
+        return true;
     }
     return false;
   }
 
-private:
+ private:
   bool Key(absl::string_view *key) {
     return String(limits_.max_key_bytes, "key", "max_key_bytes", key);
   }
@@ -81,8 +81,7 @@ private:
   bool String(size_t max, absl::string_view what, absl::string_view limit,
               absl::string_view *out) {
     uint64_t over = 0;
-    if (d_.Bytes(max, out, &over))
-      return true;
+    if (d_.Bytes(max, out, &over)) return true;
     if (over != 0) {
       *error_ = absl::StrCat(OpName(r_->op), ": ", what, " length prefix ",
                              over, " is over ", limit, " (", max, " bytes)");
@@ -91,8 +90,7 @@ private:
   }
   bool KeyList(bool with_values) {
     uint64_t count = 0;
-    if (!d_.U64(&count))
-      return false;
+    if (!d_.U64(&count)) return false;
     if (count > limits_.max_keys_per_call) {
       *error_ = absl::StrCat(OpName(r_->op), " names ", count,
                              " keys, over max_keys_per_call (",
@@ -108,16 +106,13 @@ private:
       return false;
     }
     r_->keys.reserve(count);
-    if (with_values)
-      r_->values.reserve(count);
+    if (with_values) r_->values.reserve(count);
     for (uint64_t i = 0; i < count; ++i) {
       absl::string_view key, value;
-      if (!Key(&key))
-        return false;
+      if (!Key(&key)) return false;
       r_->keys.push_back(key);
       if (with_values) {
-        if (!Value(&value))
-          return false;
+        if (!Value(&value)) return false;
         r_->values.push_back(value);
       }
     }
@@ -130,7 +125,7 @@ private:
   std::string *error_;
 };
 
-} // namespace
+}  // namespace
 
 absl::string_view DialectName(Dialect dialect) {
   return dialect == Dialect::kTorch113 ? "PyTorch 1.13/2.0" : "PyTorch 2.1+";
@@ -138,46 +133,46 @@ absl::string_view DialectName(Dialect dialect) {
 
 absl::string_view OpName(Op op) {
   switch (op) {
-  case Op::kValidate:
-    return "VALIDATE";
-  case Op::kSet:
-    return "SET";
-  case Op::kCompareSet:
-    return "COMPARE_SET";
-  case Op::kGet:
-    return "GET";
-  case Op::kAdd:
-    return "ADD";
-  case Op::kCheck:
-    return "CHECK";
-  case Op::kWait:
-    return "WAIT";
-  case Op::kNumKeys:
-    return "GETNUMKEYS";
-  case Op::kWatchKey:
-    return "WATCH_KEY";
-  case Op::kDeleteKey:
-    return "DELETE_KEY";
-  case Op::kAppend:
-    return "APPEND";
-  case Op::kMultiGet:
-    return "MULTI_GET";
-  case Op::kMultiSet:
-    return "MULTI_SET";
-  case Op::kCancelWait:
-    return "CANCEL_WAIT";
-  case Op::kPing:
-    return "PING";
-  case Op::kQueuePush:
-    return "QUEUE_PUSH";
-  case Op::kQueuePop:
-    return "QUEUE_POP";
-  case Op::kQueueLen:
-    return "QUEUE_LEN";
-  case Op::kListKeys:
-    return "LIST_KEYS";
-  case Op::kBarrier:
-    return "BARRIER";
+    case Op::kValidate:
+      return "VALIDATE";
+    case Op::kSet:
+      return "SET";
+    case Op::kCompareSet:
+      return "COMPARE_SET";
+    case Op::kGet:
+      return "GET";
+    case Op::kAdd:
+      return "ADD";
+    case Op::kCheck:
+      return "CHECK";
+    case Op::kWait:
+      return "WAIT";
+    case Op::kNumKeys:
+      return "GETNUMKEYS";
+    case Op::kWatchKey:
+      return "WATCH_KEY";
+    case Op::kDeleteKey:
+      return "DELETE_KEY";
+    case Op::kAppend:
+      return "APPEND";
+    case Op::kMultiGet:
+      return "MULTI_GET";
+    case Op::kMultiSet:
+      return "MULTI_SET";
+    case Op::kCancelWait:
+      return "CANCEL_WAIT";
+    case Op::kPing:
+      return "PING";
+    case Op::kQueuePush:
+      return "QUEUE_PUSH";
+    case Op::kQueuePop:
+      return "QUEUE_POP";
+    case Op::kQueueLen:
+      return "QUEUE_LEN";
+    case Op::kListKeys:
+      return "LIST_KEYS";
+    case Op::kBarrier:
+      return "BARRIER";
   }
   return "?";
 }
@@ -189,8 +184,7 @@ std::optional<uint8_t> OpCode(Dialect dialect, Op op) {
 
 std::optional<Op> OpFromCode(Dialect dialect, uint8_t code) {
   if (dialect == Dialect::kTorch113) {
-    if (code < std::size(kTorch113Codes))
-      return kTorch113Codes[code];
+    if (code < std::size(kTorch113Codes)) return kTorch113Codes[code];
   } else if (code < std::size(kTorch21Codes)) {
     return kTorch21Codes[code];
   }
@@ -198,10 +192,8 @@ std::optional<Op> OpFromCode(Dialect dialect, uint8_t code) {
 }
 
 std::optional<Dialect> DetectDialect(absl::string_view first_bytes) {
-  if (first_bytes.empty())
-    return std::nullopt;
-  if (first_bytes[0] != 0)
-    return Dialect::kTorch113;
+  if (first_bytes.empty()) return std::nullopt;
+  if (first_bytes[0] != 0) return Dialect::kTorch113;
   std::string validate;
   Encoder(&validate).U8(0);
   Encoder(&validate).U32(kValidateMagic);
@@ -209,8 +201,7 @@ std::optional<Dialect> DetectDialect(absl::string_view first_bytes) {
   if (first_bytes.substr(0, n) != absl::string_view(validate).substr(0, n)) {
     return Dialect::kTorch113;
   }
-  if (n < validate.size())
-    return std::nullopt;
+  if (n < validate.size()) return std::nullopt;
   return Dialect::kTorch21;
 }
 
@@ -258,65 +249,62 @@ void EncodeRequest(Dialect dialect, const Request &r, std::string *out) {
   Encoder e(out);
   e.U8(*OpCode(dialect, r.op));
   switch (r.op) {
-  case Op::kValidate:
-  case Op::kPing:
-    e.U32(r.word);
-    break;
-  case Op::kSet:
-  case Op::kAppend:
-  case Op::kQueuePush:
-    e.Bytes(r.key);
-    e.Bytes(r.value);
-    break;
-  case Op::kCompareSet:
-    e.Bytes(r.key);
-    e.Bytes(r.expected);
-    e.Bytes(r.value);
-    break;
-  case Op::kGet:
-  case Op::kWatchKey:
-  case Op::kDeleteKey:
-  case Op::kQueuePop:
-  case Op::kQueueLen:
-    e.Bytes(r.key);
-    break;
-  case Op::kAdd:
-  case Op::kBarrier:
-    e.Bytes(r.key);
-    e.I64(r.number);
-    break;
-  case Op::kCheck:
-  case Op::kWait:
-  case Op::kMultiGet:
-    e.U64(r.keys.size());
-    for (absl::string_view k : r.keys)
-      e.Bytes(k);
-    break;
-  case Op::kMultiSet:
-    e.U64(r.keys.size());
-    for (size_t i = 0; i < r.keys.size(); ++i) {
-      e.Bytes(r.keys[i]);
-      e.Bytes(i < r.values.size() ? r.values[i] : absl::string_view());
-    }
-    break;
-  case Op::kNumKeys:
-  case Op::kCancelWait:
-  case Op::kListKeys:
-    break;
+    case Op::kValidate:
+    case Op::kPing:
+      e.U32(r.word);
+      break;
+    case Op::kSet:
+    case Op::kAppend:
+    case Op::kQueuePush:
+      e.Bytes(r.key);
+      e.Bytes(r.value);
+      break;
+    case Op::kCompareSet:
+      e.Bytes(r.key);
+      e.Bytes(r.expected);
+      e.Bytes(r.value);
+      break;
+    case Op::kGet:
+    case Op::kWatchKey:
+    case Op::kDeleteKey:
+    case Op::kQueuePop:
+    case Op::kQueueLen:
+      e.Bytes(r.key);
+      break;
+    case Op::kAdd:
+    case Op::kBarrier:
+      e.Bytes(r.key);
+      e.I64(r.number);
+      break;
+    case Op::kCheck:
+    case Op::kWait:
+    case Op::kMultiGet:
+      e.U64(r.keys.size());
+      for (absl::string_view k : r.keys) e.Bytes(k);
+      break;
+    case Op::kMultiSet:
+      e.U64(r.keys.size());
+      for (size_t i = 0; i < r.keys.size(); ++i) {
+        e.Bytes(r.keys[i]);
+        e.Bytes(i < r.values.size() ? r.values[i] : absl::string_view());
+      }
+      break;
+    case Op::kNumKeys:
+    case Op::kCancelWait:
+    case Op::kListKeys:
+      break;
   }
 }
 
 void Encoder::U32(uint32_t v) {
   char b[4];
-  for (int i = 0; i < 4; ++i)
-    b[i] = static_cast<char>(v >> (8 * i));
+  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>(v >> (8 * i));
   out_->append(b, 4);
 }
 
 void Encoder::U64(uint64_t v) {
   char b[8];
-  for (int i = 0; i < 8; ++i)
-    b[i] = static_cast<char>(v >> (8 * i));
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(v >> (8 * i));
   out_->append(b, 8);
 }
 
@@ -337,38 +325,32 @@ bool Decoder::Take(size_t n, const char **p) {
 
 bool Decoder::U8(uint8_t *v) {
   const char *p;
-  if (!Take(1, &p))
-    return false;
+  if (!Take(1, &p)) return false;
   *v = static_cast<uint8_t>(*p);
   return true;
 }
 
 bool Decoder::U32(uint32_t *v) {
   const char *p;
-  if (!Take(4, &p))
-    return false;
+  if (!Take(4, &p)) return false;
   uint32_t x = 0;
-  for (int i = 3; i >= 0; --i)
-    x = (x << 8) | static_cast<uint8_t>(p[i]);
+  for (int i = 3; i >= 0; --i) x = (x << 8) | static_cast<uint8_t>(p[i]);
   *v = x;
   return true;
 }
 
 bool Decoder::U64(uint64_t *v) {
   const char *p;
-  if (!Take(8, &p))
-    return false;
+  if (!Take(8, &p)) return false;
   uint64_t x = 0;
-  for (int i = 7; i >= 0; --i)
-    x = (x << 8) | static_cast<uint8_t>(p[i]);
+  for (int i = 7; i >= 0; --i) x = (x << 8) | static_cast<uint8_t>(p[i]);
   *v = x;
   return true;
 }
 
 bool Decoder::I64(int64_t *v) {
   uint64_t x;
-  if (!U64(&x))
-    return false;
+  if (!U64(&x)) return false;
   *v = static_cast<int64_t>(x);
   return true;
 }
@@ -376,11 +358,9 @@ bool Decoder::I64(int64_t *v) {
 bool Decoder::Bytes(size_t max, absl::string_view *v, uint64_t *over) {
   const size_t start = pos_;
   uint64_t length = 0;
-  if (!U64(&length))
-    return false;
+  if (!U64(&length)) return false;
   if (length > max) {
-    if (over != nullptr)
-      *over = length;
+    if (over != nullptr) *over = length;
     pos_ = start;
     return false;
   }
@@ -393,4 +373,4 @@ bool Decoder::Bytes(size_t max, absl::string_view *v, uint64_t *over) {
   return true;
 }
 
-} // namespace cohort::tcpstore
+}  // namespace cohort::tcpstore

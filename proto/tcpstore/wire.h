@@ -36,27 +36,27 @@ inline constexpr uint32_t kValidateMagic = 0x3C85F7CE;
 // Every query either dialect knows, by meaning; OpCode/OpFromCode map them
 // to and from each dialect's bytes.
 enum class Op : uint8_t {
-  kValidate,   // u32 magic; no reply.                          (2.1+)
-  kSet,        // key, value; no reply.
-  kCompareSet, // key, expected, desired -> bytes.
-  kGet,        // key -> bytes.
-  kAdd,        // key, i64 delta -> i64 new value.
-  kCheck,      // keys -> u8 CheckReply.
-  kWait,       // keys -> u8 WaitReply::kStopWaiting, when all exist.
-  kNumKeys,    // -> i64.
-  kWatchKey,   // key; 1.13 only, refused by cohortd.
-  kDeleteKey,  // key -> i64 number deleted.
-  kAppend,     // key, value; no reply.                         (2.1+)
-  kMultiGet,   // keys -> one bytes per key.                    (2.1+)
-  kMultiSet,   // u64 n, n x (key, value); no reply.            (2.1+)
-  kCancelWait, // -> u8 WaitReply::kWaitCanceled.               (2.1+)
-  kPing,       // u32 nonce -> u32 nonce.                       (2.1+)
-  kQueuePush,  // key, value; no reply.                         (2.1+)
-  kQueuePop,   // key -> i64 length before the pop, then bytes if > 0.
-  kQueueLen,   // key -> i64.                                   (2.1+)
-  kListKeys,   // -> i64 count, then count strings.             (2.1+)
-  kBarrier,    // key, i64 world size -> u8 kStopWaiting once the counter
-               // at key (which it increments) reaches it.      (2.1+)
+  kValidate,    // u32 magic; no reply.                          (2.1+)
+  kSet,         // key, value; no reply.
+  kCompareSet,  // key, expected, desired -> bytes.
+  kGet,         // key -> bytes.
+  kAdd,         // key, i64 delta -> i64 new value.
+  kCheck,       // keys -> u8 CheckReply.
+  kWait,        // keys -> u8 WaitReply::kStopWaiting, when all exist.
+  kNumKeys,     // -> i64.
+  kWatchKey,    // key; 1.13 only, refused by cohortd.
+  kDeleteKey,   // key -> i64 number deleted.
+  kAppend,      // key, value; no reply.                         (2.1+)
+  kMultiGet,    // keys -> one bytes per key.                    (2.1+)
+  kMultiSet,    // u64 n, n x (key, value); no reply.            (2.1+)
+  kCancelWait,  // -> u8 WaitReply::kWaitCanceled.               (2.1+)
+  kPing,        // u32 nonce -> u32 nonce.                       (2.1+)
+  kQueuePush,   // key, value; no reply.                         (2.1+)
+  kQueuePop,    // key -> i64 length before the pop, then bytes if > 0.
+  kQueueLen,    // key -> i64.                                   (2.1+)
+  kListKeys,    // -> i64 count, then count strings.             (2.1+)
+  kBarrier,     // key, i64 world size -> u8 kStopWaiting once the counter
+                // at key (which it increments) reaches it.      (2.1+)
 };
 absl::string_view OpName(Op op);
 
@@ -87,13 +87,13 @@ struct Limits {
 // One request, its strings pointing into the bytes it was parsed from.
 struct Request {
   Op op = Op::kSet;
-  absl::string_view key;      // Single-key queries.
-  absl::string_view value;    // SET, APPEND, QUEUE_PUSH; COMPARE_SET desired.
-  absl::string_view expected; // COMPARE_SET.
-  std::vector<absl::string_view> keys;   // CHECK, WAIT, MULTI_GET, MULTI_SET.
-  std::vector<absl::string_view> values; // MULTI_SET, one per key.
-  int64_t number = 0;                    // ADD delta, BARRIER world size.
-  uint32_t word = 0;                     // VALIDATE magic, PING nonce.
+  absl::string_view key;       // Single-key queries.
+  absl::string_view value;     // SET, APPEND, QUEUE_PUSH; COMPARE_SET desired.
+  absl::string_view expected;  // COMPARE_SET.
+  std::vector<absl::string_view> keys;    // CHECK, WAIT, MULTI_GET, MULTI_SET.
+  std::vector<absl::string_view> values;  // MULTI_SET, one per key.
+  int64_t number = 0;                     // ADD delta, BARRIER world size.
+  uint32_t word = 0;                      // VALIDATE magic, PING nonce.
 };
 
 enum class ParseStatus { kComplete, kIncomplete, kInvalid };
@@ -103,7 +103,7 @@ struct ParseResult {
   // the request can take given what has arrived (parse again once that
   // many are buffered).
   size_t size = 0;
-  std::string error; // kInvalid: what was wrong, for a log line.
+  std::string error;  // kInvalid: what was wrong, for a log line.
 };
 
 // Parses the request at the start of `bytes`. Never reads past `bytes`, and
@@ -117,15 +117,15 @@ void EncodeRequest(Dialect dialect, const Request &request, std::string *out);
 
 // Appends values in wire encoding (replies, and requests by hand in tests).
 class Encoder {
-public:
+ public:
   explicit Encoder(std::string *out) : out_(out) {}
   void U8(uint8_t v) { out_->push_back(static_cast<char>(v)); }
   void U32(uint32_t v);
   void U64(uint64_t v);
   void I64(int64_t v) { U64(static_cast<uint64_t>(v)); }
-  void Bytes(absl::string_view bytes); // u64 length, then the bytes.
+  void Bytes(absl::string_view bytes);  // u64 length, then the bytes.
 
-private:
+ private:
   std::string *out_;
 };
 
@@ -133,7 +133,7 @@ private:
 // consuming nothing, when the buffer is too short; needed() then says how
 // long it must be.
 class Decoder {
-public:
+ public:
   explicit Decoder(absl::string_view bytes) : bytes_(bytes) {}
   bool U8(uint8_t *v);
   bool U32(uint32_t *v);
@@ -145,13 +145,13 @@ public:
   size_t consumed() const { return pos_; }
   size_t needed() const { return needed_; }
 
-private:
+ private:
   bool Take(size_t n, const char **p);
   absl::string_view bytes_;
   size_t pos_ = 0;
   size_t needed_ = 0;
 };
 
-} // namespace cohort::tcpstore
+}  // namespace cohort::tcpstore
 
-#endif // COHORT_PROTO_TCPSTORE_WIRE_H_
+#endif  // COHORT_PROTO_TCPSTORE_WIRE_H_

@@ -9,8 +9,7 @@ namespace {
 
 std::string Bytes(std::initializer_list<int> bytes) {
   std::string s;
-  for (int b : bytes)
-    s.push_back(static_cast<char>(b));
+  for (int b : bytes) s.push_back(static_cast<char>(b));
   return s;
 }
 
@@ -32,7 +31,7 @@ TEST(WireTest, CodesOfBothDialects) {
 
 TEST(WireTest, DetectsDialectFromFirstBytes) {
   EXPECT_EQ(DetectDialect(""), std::nullopt);
-  EXPECT_EQ(DetectDialect(Bytes({3})), Dialect::kTorch113); // 1.13 ADD
+  EXPECT_EQ(DetectDialect(Bytes({3})), Dialect::kTorch113);  // 1.13 ADD
   EXPECT_EQ(DetectDialect(Bytes({0, 0xCE, 0xF7})), std::nullopt);
   EXPECT_EQ(DetectDialect(Bytes({0, 0xCE, 0xF7, 0x85, 0x3C})),
             Dialect::kTorch21);
@@ -56,8 +55,7 @@ TEST(WireTest, ParsesWhatItEncodesInBothDialects) {
   add.number = -5;
   for (Dialect dialect : {Dialect::kTorch113, Dialect::kTorch21}) {
     for (const Request *r : {&set, &multi, &add}) {
-      if (!OpCode(dialect, r->op))
-        continue;
+      if (!OpCode(dialect, r->op)) continue;
       std::string wire;
       EncodeRequest(dialect, *r, &wire);
       wire += "tail";
@@ -144,5 +142,5 @@ TEST(WireTest, UnknownQueryTypes) {
   EXPECT_EQ(result.status, ParseStatus::kInvalid);
 }
 
-} // namespace
-} // namespace cohort::tcpstore
+}  // namespace
+}  // namespace cohort::tcpstore

@@ -20,13 +20,13 @@
 namespace cohort::tcpstore {
 namespace {
 
-#define FUZZ_CHECK(cond)                                                       \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__,    \
-                   #cond);                                                     \
-      std::abort();                                                            \
-    }                                                                          \
+#define FUZZ_CHECK(cond)                                                    \
+  do {                                                                      \
+    if (!(cond)) {                                                          \
+      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, \
+                   #cond);                                                  \
+      std::abort();                                                         \
+    }                                                                       \
   } while (0)
 
 bool Same(const Request &a, const Request &b) {
@@ -73,13 +73,12 @@ void Stream(Dialect dialect, const Limits &limits, absl::string_view data) {
   }
 }
 
-} // namespace
-} // namespace cohort::tcpstore
+}  // namespace
+}  // namespace cohort::tcpstore
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   using namespace cohort::tcpstore;
-  if (size == 0)
-    return 0;
+  if (size == 0) return 0;
   const uint8_t control = data[0];
   absl::string_view stream(reinterpret_cast<const char *>(data) + 1, size - 1);
   Limits limits;
@@ -93,8 +92,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (control & 1) {
     std::optional<Dialect> detected = DetectDialect(stream);
     FUZZ_CHECK(detected.has_value() || stream.size() < 5);
-    if (!detected.has_value())
-      return 0;
+    if (!detected.has_value()) return 0;
     Stream(*detected, limits, stream);
   } else {
     Stream((control & 4) ? Dialect::kTorch21 : Dialect::kTorch113, limits,
