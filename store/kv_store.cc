@@ -362,6 +362,124 @@ absl::StatusOr<int64_t> KvStore::MultiSet(
   return revision;
 }
 
+std::vector<ChangeResult> KvStore::ApplyBatch(
+    absl::Span<const Change> changes) {
+  std::vector<ChangeResult> results(changes.size());
+  std::vector<Mutation> mutations;
+  std::vector<size_t> writers;  // Changes with a mutation in `mutations`.
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    // What the batch has written so far, by key (nullopt: deleted).
+    absl::flat_hash_map<absl::string_view, std::optional<std::string>> now;
+    auto current = [&](absl::string_view key)
+        -> absl::StatusOr<std::optional<std::string>> {
+      if (auto it = now.find(key); it != now.end()) return it->second;
+      return engine_->Get(key);
+    };
+    auto write = [&](size_t i, absl::string_view key,
+                     std::optional<std::string> value) {
+      Mutation m;
+      m.key.assign(key.data(), key.size());
+      if (value.has_value()) {
+        m.value = *value;
+      } else {
+        m.kind = Mutation::Kind::kDelete;
+      }
+      mutations.push_back(std::move(m));
+      writers.push_back(i);
+      now[key] = std::move(value);
+    };
+    for (size_t i = 0; i < changes.size(); ++i) {
+      const Change& c = changes[i];
+      ChangeResult& r = results[i];
+      r.status = ValidateKey(c.key);
+      if (r.status.ok() && (c.kind == Change::Kind::kSet ||
+                            c.kind == Change::Kind::kCompareSet)) {
+        r.status = ValidateValue(c.value);
+      }
+      if (!r.status.ok()) continue;
+      if (c.kind == Change::Kind::kSet) {
+        write(i, c.key, std::string(c.value));
+        continue;
+      }
+      if (c.kind == Change::Kind::kDelete) {
+        auto it = now.find(c.key);
+        if (it != now.end() ? it->second.has_value()
+                            : engine_->Contains(c.key)) {
+          r.number = 1;
+          write(i, c.key, std::nullopt);
+        }
+        continue;
+      }
+      absl::StatusOr<std::optional<std::string>> value = current(c.key);
+      if (!value.ok()) {
+        r.status = value.status();
+        continue;
+      }
+      switch (c.kind) {
+        case Change::Kind::kSet:
+          break;
+        case Change::Kind::kAdd: {
+          int64_t old = 0;
+          if (value->has_value() && !absl::SimpleAtoi(**value, &old)) {
+            r.status = absl::FailedPreconditionError(absl::StrCat(
+                "cannot add to key ", Quote(c.key), ": its value ",
+                Quote(**value),
+                " is not a decimal int64 (was it written by set rather than "
+                "add?)"));
+          } else if (__builtin_add_overflow(old, c.delta, &r.number)) {
+            r.status = absl::OutOfRangeError(
+                absl::StrCat("adding ", c.delta, " to key ", Quote(c.key),
+                             " (value ", old, ") overflows int64"));
+          } else {
+            write(i, c.key, absl::StrCat(r.number));
+          }
+          break;
+        }
+        case Change::Kind::kCompareSet:
+          if (value->has_value() ? **value == c.expected : c.expected.empty()) {
+            r.value.assign(c.value.data(), c.value.size());
+            write(i, c.key, r.value);
+          } else {
+            r.value = value->has_value() ? std::move(**value)
+                                         : std::string(c.expected);
+          }
+          break;
+        case Change::Kind::kAppend: {
+          std::string appended = value->value_or("");
+          appended.append(c.value.data(), c.value.size());
+          if (absl::Status s = ValidateValue(appended); !s.ok()) {
+            r.status = absl::InvalidArgumentError(absl::StrCat(
+                "append to key ", Quote(c.key), ": ", s.message()));
+          } else {
+            write(i, c.key, std::move(appended));
+          }
+          break;
+        }
+        case Change::Kind::kDelete:
+          break;
+      }
+    }
+    int64_t revision = revision_;
+    if (!mutations.empty()) {
+      absl::StatusOr<int64_t> committed =
+          CommitLocked(std::move(mutations), deferred);
+      if (committed.ok()) {
+        revision = *committed;
+      } else {
+        for (size_t i : writers) {
+          results[i].status = committed.status();
+          results[i].number = 0;
+        }
+      }
+    }
+    for (ChangeResult& r : results) r.revision = revision;
+  }
+  for (auto& fn : deferred) fn();
+  return results;
+}
+
 absl::StatusOr<CheckResult> KvStore::Check(absl::Span<const std::string> keys) {
   if (absl::Status s = ValidateKeys(keys); !s.ok()) return s;
   absl::MutexLock lock(&mu_);

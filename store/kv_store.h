@@ -86,6 +86,25 @@ struct ListResult {
   int64_t revision = 0;
 };
 
+// One change of a batch (KvStore::ApplyBatch). Strings are read during the
+// call only.
+struct Change {
+  enum class Kind { kSet, kAdd, kCompareSet, kAppend, kDelete };
+  Kind kind = Kind::kSet;
+  absl::string_view key;
+  absl::string_view value;     // kSet, kAppend; kCompareSet: desired.
+  absl::string_view expected;  // kCompareSet.
+  int64_t delta = 0;           // kAdd.
+};
+
+struct ChangeResult {
+  // This change's own failure (the others still apply), or the commit's.
+  absl::Status status;
+  int64_t number = 0;  // kAdd: the new value; kDelete: 1 if it deleted.
+  std::string value;   // kCompareSet: what CompareSet returns.
+  int64_t revision = 0;
+};
+
 struct Event {
   enum class Type { kPut, kDelete };
   Type type = Type::kPut;
@@ -130,6 +149,14 @@ class KvStore {
   absl::StatusOr<DeleteResult> Delete(absl::string_view key);
   absl::StatusOr<int64_t> MultiSet(absl::Span<const std::string> keys,
                                    absl::Span<const std::string> values);
+  // Applies `changes` in order, each seeing the ones before it, as one
+  // commit: one revision and one write to the engine (so one write-ahead
+  // log record) for all, then the waiters they satisfy are woken. Each
+  // change follows the rules of its single-key call (Set, Add, CompareSet,
+  // Append, Delete) and may fail alone; if the commit itself fails, every
+  // change that would have written fails with its status. This is how the
+  // TCPStore listener commits the requests of many connections at once.
+  std::vector<ChangeResult> ApplyBatch(absl::Span<const Change> changes);
   absl::StatusOr<CheckResult> Check(absl::Span<const std::string> keys);
   // The value of `key` now, or nullopt; never waits.
   absl::StatusOr<std::optional<std::string>> TryGet(absl::string_view key);
@@ -143,9 +170,9 @@ class KvStore {
   // read_values) once all of them exist at the same time; with
   // DEADLINE_EXCEEDED naming the missing keys once `timeout` passes; with
   // INVALID_ARGUMENT for bad keys; or with the Shutdown status. An infinite
-  // `timeout` never expires (the wait ends by CancelWait or Shutdown). `done` may
-  // run before this returns (then the result may be 0), and otherwise on the
-  // thread that writes the last key or on the timer thread; it must not
+  // `timeout` never expires (the wait ends by CancelWait or Shutdown). `done`
+  // may run before this returns (then the result may be 0), and otherwise on
+  // the thread that writes the last key or on the timer thread; it must not
   // block. Returns an id for CancelWait. The store's lock is held for at
   // most a few thousand keys at a time, and no value is read under it.
   WaitId WaitForKeys(std::vector<std::string> keys, bool read_values,

@@ -147,6 +147,58 @@ TEST_P(KvStoreTest, CompareSetFollowsC10dTable) {
   EXPECT_EQ(*Get("e"), "filled");
 }
 
+TEST_P(KvStoreTest, ApplyBatchIsOneCommitWhereEachChangeSeesTheOnesBefore) {
+  ASSERT_TRUE(store_->Set("text", "not a number").ok());
+  ASSERT_TRUE(store_->Set("gone", "x").ok());
+  const int64_t before = store_->revision();
+  absl::Notification woken;
+  store_->WaitForKeys({"n", "c"}, false, absl::Seconds(10),
+                      [&](absl::StatusOr<ReadResult> r) {
+                        EXPECT_TRUE(r.ok()) << r.status();
+                        woken.Notify();
+                      });
+  using K = Change::Kind;
+  std::vector<Change> changes = {
+      {.kind = K::kAdd, .key = "n", .delta = 2},
+      {.kind = K::kAdd, .key = "n", .delta = 3},     // sees 2
+      {.kind = K::kAdd, .key = "text", .delta = 1},  // fails alone
+      {.kind = K::kCompareSet, .key = "c", .value = "v1", .expected = ""},
+      {.kind = K::kCompareSet, .key = "c", .value = "v2", .expected = "no"},
+      {.kind = K::kAppend, .key = "c", .value = "+"},  // sees v1
+      {.kind = K::kDelete, .key = "gone"},
+      {.kind = K::kDelete, .key = "gone"},         // already deleted
+      {.kind = K::kSet, .key = "", .value = "x"},  // bad key
+      {.kind = K::kSet, .key = "s", .value = "set"},
+      {.kind = K::kDelete, .key = "s"},  // sees the set
+  };
+  std::vector<ChangeResult> r = store_->ApplyBatch(changes);
+  ASSERT_EQ(r.size(), changes.size());
+  EXPECT_EQ(r[0].number, 2);
+  EXPECT_EQ(r[1].number, 5);
+  EXPECT_EQ(r[2].status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r[3].value, "v1");
+  EXPECT_EQ(r[4].value, "v1");
+  EXPECT_TRUE(r[5].status.ok());
+  EXPECT_EQ(r[6].number, 1);
+  EXPECT_EQ(r[7].number, 0);
+  EXPECT_EQ(r[8].status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r[10].number, 1);
+  // One revision for the whole batch.
+  EXPECT_EQ(store_->revision(), before + 1);
+  for (const ChangeResult& c : r) EXPECT_EQ(c.revision, before + 1);
+  EXPECT_TRUE(woken.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(*Get("n"), "5");
+  EXPECT_EQ(*Get("c"), "v1+");
+  EXPECT_EQ(*store_->TryGet("text"),
+            std::optional<std::string>("not a number"));
+  EXPECT_EQ(*store_->TryGet("gone"), std::nullopt);
+  EXPECT_EQ(*store_->TryGet("s"), std::nullopt);
+  // A batch that writes nothing makes no revision.
+  r = store_->ApplyBatch({{.kind = K::kDelete, .key = "absent"}});
+  EXPECT_EQ(r[0].number, 0);
+  EXPECT_EQ(store_->revision(), before + 1);
+}
+
 TEST_P(KvStoreTest, CheckDeleteAndNumKeys) {
   EXPECT_EQ(store_->NumKeys()->num_keys, 0);
   ASSERT_TRUE(store_->Set("a", "1").ok());
