@@ -23,7 +23,7 @@ int ToMillisArg(absl::Duration d) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
-    std::unique_ptr<store::KvStore> store, const ServerOptions &options) {
+    std::unique_ptr<store::KvStore> store, const ServerOptions& options) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
       server->membership_.get(), server->store_.get(),
       options.store_service.watch_buffer_bytes);
 
-  const store::StoreLimits &limits = server->store_->limits();
+  const store::StoreLimits& limits = server->store_->limits();
   // Room for the largest single value plus its key and framing; multi-key
   // calls may carry up to 64 MiB.
   const size_t max_message = std::max<size_t>(
@@ -104,12 +104,12 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   return server;
 }
 
-void CohortServer::SetServing(bool serving, const absl::Status &why) {
+void CohortServer::SetServing(bool serving, const absl::Status& why) {
   if (serving_ == serving) return;
   serving_ = serving;
-  grpc::HealthCheckServiceInterface *health = server_->GetHealthCheckService();
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   health->SetServingStatus("", serving);
-  for (const char *service :
+  for (const char* service :
        {v1::Store::service_full_name(), v1::Rendezvous::service_full_name(),
         v1::Membership::service_full_name()}) {
     health->SetServingStatus(service, serving);

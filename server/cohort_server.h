@@ -63,7 +63,7 @@ class CohortServer {
   // the health service SERVING. Fails with
   // UNAVAILABLE naming the address if it cannot be bound.
   static absl::StatusOr<std::unique_ptr<CohortServer>> Start(
-      std::unique_ptr<store::KvStore> store, const ServerOptions &options);
+      std::unique_ptr<store::KvStore> store, const ServerOptions& options);
 
   // Drains if Drain was not called.
   ~CohortServer();
@@ -75,7 +75,7 @@ class CohortServer {
   TcpStoreServerStats tcpstore_stats() {
     return tcpstore_ ? tcpstore_->stats() : TcpStoreServerStats();
   }
-  store::KvStore &store() { return *store_; }
+  store::KvStore& store() { return *store_; }
 
   // Graceful stop: health goes NOT_SERVING, pending waits and watches end
   // with UNAVAILABLE (TCPStore connections are closed), new connections are
@@ -93,7 +93,7 @@ class CohortServer {
   // Sets health from the store's writability, then runs again after
   // `interval` on health_timer_ until Drain.
   void CheckHealth(absl::Duration interval);
-  void SetServing(bool serving, const absl::Status &why)
+  void SetServing(bool serving, const absl::Status& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(health_mu_);
 
   std::unique_ptr<store::KvStore> store_;

@@ -42,25 +42,25 @@ using tcpstore::WaitReply;
 // cost no read buffers.
 constexpr size_t kReadBufferBytes = 64 << 10;
 
-std::string PeerName(const uv_tcp_t *tcp) {
+std::string PeerName(const uv_tcp_t* tcp) {
   struct sockaddr_storage addr = {};
   int len = sizeof(addr);
-  if (uv_tcp_getpeername(tcp, reinterpret_cast<struct sockaddr *>(&addr),
+  if (uv_tcp_getpeername(tcp, reinterpret_cast<struct sockaddr*>(&addr),
                          &len) != 0) {
     return "unknown peer";
   }
   char host[INET6_ADDRSTRLEN] = {};
   if (addr.ss_family == AF_INET6) {
-    const auto *a6 = reinterpret_cast<const struct sockaddr_in6 *>(&addr);
+    const auto* a6 = reinterpret_cast<const struct sockaddr_in6*>(&addr);
     uv_ip6_name(a6, host, sizeof(host));
     return absl::StrCat("[", host, "]:", ntohs(a6->sin6_port));
   }
-  const auto *a4 = reinterpret_cast<const struct sockaddr_in *>(&addr);
+  const auto* a4 = reinterpret_cast<const struct sockaddr_in*>(&addr);
   uv_ip4_name(a4, host, sizeof(host));
   return absl::StrCat(host, ":", ntohs(a4->sin_port));
 }
 
-std::vector<std::string> Strings(const std::vector<absl::string_view> &views) {
+std::vector<std::string> Strings(const std::vector<absl::string_view>& views) {
   return std::vector<std::string>(views.begin(), views.end());
 }
 
@@ -68,9 +68,9 @@ std::vector<std::string> Strings(const std::vector<absl::string_view> &views) {
 
 class TcpStoreServer::Loop {
  public:
-  Loop(store::KvStore *store, TcpStoreServerOptions options)
+  Loop(store::KvStore* store, TcpStoreServerOptions options)
       : store_(store), options_(std::move(options)) {
-    const store::StoreLimits &l = store_->limits();
+    const store::StoreLimits& l = store_->limits();
     limits_.max_key_bytes = l.max_key_bytes;
     limits_.max_value_bytes = l.max_value_bytes;
     limits_.max_keys_per_call = l.max_keys_per_call;
@@ -91,7 +91,7 @@ class TcpStoreServer::Loop {
       return absl::InternalError(
           absl::StrCat("uv_tcp_open: ", uv_strerror(rc)));
     }
-    if (int rc = uv_listen(reinterpret_cast<uv_stream_t *>(&listener_),
+    if (int rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_),
                            MaxBacklog(), &Loop::OnConnection);
         rc != 0) {
       return absl::InternalError(absl::StrCat("uv_listen: ", uv_strerror(rc)));
@@ -131,7 +131,7 @@ class TcpStoreServer::Loop {
 
   struct Conn {
     uv_tcp_t tcp;
-    Loop *loop = nullptr;
+    Loop* loop = nullptr;
     uint64_t id = 0;
     std::string peer;
     std::optional<Dialect> dialect;
@@ -162,22 +162,22 @@ class TcpStoreServer::Loop {
 
   // ---- libuv callbacks (loop thread) ----
 
-  static void OnAsync(uv_async_t *handle) {
-    static_cast<Loop *>(handle->data)->RunPosted();
+  static void OnAsync(uv_async_t* handle) {
+    static_cast<Loop*>(handle->data)->RunPosted();
   }
 
-  static void OnConnection(uv_stream_t *server, int status) {
-    static_cast<Loop *>(server->data)->Accept(status);
+  static void OnConnection(uv_stream_t* server, int status) {
+    static_cast<Loop*>(server->data)->Accept(status);
   }
 
-  static void OnAlloc(uv_handle_t *handle, size_t, uv_buf_t *buf) {
-    Loop *loop = static_cast<Conn *>(handle->data)->loop;
+  static void OnAlloc(uv_handle_t* handle, size_t, uv_buf_t* buf) {
+    Loop* loop = static_cast<Conn*>(handle->data)->loop;
     *buf = uv_buf_init(loop->read_buffer_.data(), loop->read_buffer_.size());
   }
 
-  static void OnRead(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
-    Conn *c = static_cast<Conn *>(stream->data);
-    Loop *loop = c->loop;
+  static void OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
+    Conn* c = static_cast<Conn*>(stream->data);
+    Loop* loop = c->loop;
     if (nread < 0) {
       loop->Close(*c,
                   nread == UV_EOF || nread == UV_ECONNRESET
@@ -190,13 +190,13 @@ class TcpStoreServer::Loop {
     loop->RunLocal();
   }
 
-  static void OnWritten(uv_write_t *req, int status) {
-    auto *w = reinterpret_cast<WriteReq *>(req);
-    Conn *c = static_cast<Conn *>(req->data);
+  static void OnWritten(uv_write_t* req, int status) {
+    auto* w = reinterpret_cast<WriteReq*>(req);
+    Conn* c = static_cast<Conn*>(req->data);
     c->unsent -= w->data.size();
     delete w;
     if (c->closing) return;
-    Loop *loop = c->loop;
+    Loop* loop = c->loop;
     if (status < 0) {
       loop->Close(*c, absl::StrCat("write failed: ", uv_strerror(status)),
                   false);
@@ -206,8 +206,8 @@ class TcpStoreServer::Loop {
     loop->RunLocal();
   }
 
-  static void OnClosed(uv_handle_t *handle) {
-    delete static_cast<Conn *>(handle->data);
+  static void OnClosed(uv_handle_t* handle) {
+    delete static_cast<Conn*>(handle->data);
   }
 
   // ---- connections ----
@@ -218,13 +218,13 @@ class TcpStoreServer::Loop {
                               uv_strerror(status)));
       return;
     }
-    auto *c = new Conn;
+    auto* c = new Conn;
     c->loop = this;
     uv_tcp_init(&loop_, &c->tcp);
     c->tcp.data = c;
-    if (uv_accept(reinterpret_cast<uv_stream_t *>(&listener_),
-                  reinterpret_cast<uv_stream_t *>(&c->tcp)) != 0) {
-      uv_close(reinterpret_cast<uv_handle_t *>(&c->tcp), &Loop::OnClosed);
+    if (uv_accept(reinterpret_cast<uv_stream_t*>(&listener_),
+                  reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0) {
+      uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), &Loop::OnClosed);
       return;
     }
     ++accepted_;
@@ -232,7 +232,7 @@ class TcpStoreServer::Loop {
       LogLimited(absl::StrCat("refusing TCPStore connection from ",
                               PeerName(&c->tcp), ": ", conns_.size(),
                               " connections are open (max_connections)"));
-      uv_close(reinterpret_cast<uv_handle_t *>(&c->tcp), &Loop::OnClosed);
+      uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), &Loop::OnClosed);
       return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
@@ -243,12 +243,12 @@ class TcpStoreServer::Loop {
     UpdateReading(*c);
   }
 
-  Conn *Find(uint64_t id) {
+  Conn* Find(uint64_t id) {
     auto it = conns_.find(id);
     return it == conns_.end() ? nullptr : it->second;
   }
 
-  void Close(Conn &c, absl::string_view why, bool bad_input) {
+  void Close(Conn& c, absl::string_view why, bool bad_input) {
     if (c.closing) return;
     if (!why.empty()) {
       LogLimited(
@@ -259,22 +259,22 @@ class TcpStoreServer::Loop {
     c.closing = true;
     conns_.erase(c.id);
     connections_ = conns_.size();
-    uv_close(reinterpret_cast<uv_handle_t *>(&c.tcp), &Loop::OnClosed);
+    uv_close(reinterpret_cast<uv_handle_t*>(&c.tcp), &Loop::OnClosed);
   }
 
-  bool Backlogged(const Conn &c) const {
+  bool Backlogged(const Conn& c) const {
     return c.unsent + c.out.size() > options_.max_unsent_bytes;
   }
 
   // Reads while the connection can use more input: not while its replies
   // pile up unread, nor while complete requests wait in `in` (behind a
   // blocked one, or for the replies to drain).
-  void UpdateReading(Conn &c) {
+  void UpdateReading(Conn& c) {
     if (c.closing) return;
     const bool want =
         !Backlogged(c) && !(!c.in.empty() && c.in.size() >= c.need);
     if (want == c.reading) return;
-    auto *stream = reinterpret_cast<uv_stream_t *>(&c.tcp);
+    auto* stream = reinterpret_cast<uv_stream_t*>(&c.tcp);
     if (want) {
       uv_read_start(stream, &Loop::OnAlloc, &Loop::OnRead);
     } else {
@@ -283,9 +283,9 @@ class TcpStoreServer::Loop {
     c.reading = want;
   }
 
-  void Flush(Conn &c) {
+  void Flush(Conn& c) {
     if (c.closing || c.out.empty() || c.unsent > 0) return;
-    auto *stream = reinterpret_cast<uv_stream_t *>(&c.tcp);
+    auto* stream = reinterpret_cast<uv_stream_t*>(&c.tcp);
     uv_buf_t b = uv_buf_init(c.out.data(), c.out.size());
     int n = uv_try_write(stream, &b, 1);
     if (n < 0 && n != UV_EAGAIN) {
@@ -294,7 +294,7 @@ class TcpStoreServer::Loop {
     }
     if (n > 0) c.out.erase(0, n);
     if (c.out.empty()) return;
-    auto *w = new WriteReq;
+    auto* w = new WriteReq;
     w->data = std::move(c.out);
     c.out.clear();
     w->buf = uv_buf_init(w->data.data(), w->data.size());
@@ -304,7 +304,7 @@ class TcpStoreServer::Loop {
   }
 
   // Applies the complete requests in `bytes` and keeps the rest.
-  void Consume(Conn &c, absl::string_view bytes) {
+  void Consume(Conn& c, absl::string_view bytes) {
     if (c.in.empty()) {
       const size_t used = Process(c, bytes);
       if (!c.closing && used < bytes.size()) {
@@ -323,7 +323,7 @@ class TcpStoreServer::Loop {
 
   // Parses and applies requests from the front of `bytes` until one is
   // incomplete or blocks. Returns the bytes used.
-  size_t Process(Conn &c, absl::string_view bytes) {
+  size_t Process(Conn& c, absl::string_view bytes) {
     size_t pos = 0;
     c.need = 0;
     while (!c.closing && pos < bytes.size() && !Backlogged(c)) {
@@ -372,9 +372,9 @@ class TcpStoreServer::Loop {
 
   // ---- requests ----
 
-  void Handle(Conn &c, const Request &r) {
+  void Handle(Conn& c, const Request& r) {
     Encoder reply(&c.out);
-    auto fail = [&](absl::string_view what, const absl::Status &status) {
+    auto fail = [&](absl::string_view what, const absl::Status& status) {
       Close(c, absl::StrCat(what, " failed: ", status.message()), false);
     };
     switch (r.op) {
@@ -473,11 +473,11 @@ class TcpStoreServer::Loop {
         do {
           auto page = store_->ListKeys("", 0, token);
           if (!page.ok()) return fail("LIST_KEYS", page.status());
-          for (std::string &k : page->keys) keys.push_back(std::move(k));
+          for (std::string& k : page->keys) keys.push_back(std::move(k));
           token = std::move(page->next_page_token);
         } while (!token.empty());
         reply.I64(keys.size());
-        for (const std::string &k : keys) reply.Bytes(k);
+        for (const std::string& k : keys) reply.Bytes(k);
         return;
       }
       case Op::kBarrier: {
@@ -525,7 +525,7 @@ class TcpStoreServer::Loop {
   }
 
   // Whether every key exists, counting a non-empty queue as existing.
-  absl::StatusOr<bool> AllExist(const std::vector<absl::string_view> &keys) {
+  absl::StatusOr<bool> AllExist(const std::vector<absl::string_view>& keys) {
     std::vector<std::string> in_store;
     for (absl::string_view k : keys) {
       if (!QueueNonEmpty(k)) in_store.emplace_back(k);
@@ -536,11 +536,11 @@ class TcpStoreServer::Loop {
     return s->all_exist;
   }
 
-  void StopWaiting(Conn &c) {
+  void StopWaiting(Conn& c) {
     Encoder(&c.out).U8(static_cast<uint8_t>(WaitReply::kStopWaiting));
   }
 
-  void StartWait(Conn &c, const std::vector<absl::string_view> &keys) {
+  void StartWait(Conn& c, const std::vector<absl::string_view>& keys) {
     std::vector<std::string> missing;
     for (absl::string_view k : keys) {
       if (!QueueNonEmpty(k)) missing.emplace_back(k);
@@ -563,28 +563,28 @@ class TcpStoreServer::Loop {
     const uint64_t seq = ++c.seq;
     if (*c.dialect == Dialect::kTorch21) {
       // A QUEUE_PUSH to one of the keys may end the wait instead.
-      for (const std::string &k : missing) queue_waiters_[k].insert(id);
+      for (const std::string& k : missing) queue_waiters_[k].insert(id);
       c.wait_keys = missing;
     }
     c.wait_id = store_->WaitForKeys(
         std::move(missing), /*read_values=*/false, absl::InfiniteDuration(),
         [this, id, seq](absl::StatusOr<store::ReadResult> result) {
           Post([this, id, seq, status = result.status()] {
-            if (Conn *c = Find(id); c != nullptr) Complete(*c, seq, status);
+            if (Conn* c = Find(id); c != nullptr) Complete(*c, seq, status);
           });
         });
   }
 
-  void StartBarrier(Conn &c, absl::string_view key, int64_t target,
+  void StartBarrier(Conn& c, absl::string_view key, int64_t target,
                     int64_t revision) {
-    Barrier &b = barriers_[key];
+    Barrier& b = barriers_[key];
     if (b.watch == 0) {
       std::string k(key);
       auto watch = store_->Watch(
           key, revision + 1,
           [this, k](std::vector<store::Event> events) {
             std::optional<int64_t> latest;
-            for (const store::Event &e : events) {
+            for (const store::Event& e : events) {
               int64_t v = 0;
               if (e.key == k && e.value != nullptr &&
                   absl::SimpleAtoi(*e.value, &v)) {
@@ -612,31 +612,31 @@ class TcpStoreServer::Loop {
     b.waiting[c.id] = {++c.seq, target};
   }
 
-  void OnBarrierCount(const std::string &key, int64_t count) {
+  void OnBarrierCount(const std::string& key, int64_t count) {
     auto it = barriers_.find(key);
     if (it == barriers_.end()) return;
     std::vector<uint64_t> done;
-    for (const auto &[id, wait] : it->second.waiting) {
+    for (const auto& [id, wait] : it->second.waiting) {
       if (count >= wait.second) done.push_back(id);
     }
     for (uint64_t id : done) {
       it = barriers_.find(key);
       if (it == barriers_.end()) return;
       auto wait = it->second.waiting.find(id);
-      Conn *c = Find(id);
+      Conn* c = Find(id);
       if (wait == it->second.waiting.end() || c == nullptr) continue;
       Complete(*c, wait->second.first, absl::OkStatus());
     }
   }
 
-  void OnBarrierClosed(const std::string &key, const absl::Status &status) {
+  void OnBarrierClosed(const std::string& key, const absl::Status& status) {
     auto it = barriers_.find(key);
     if (it == barriers_.end()) return;
     std::vector<uint64_t> ids;
-    for (const auto &[id, wait] : it->second.waiting) ids.push_back(id);
+    for (const auto& [id, wait] : it->second.waiting) ids.push_back(id);
     it->second.watch = 0;  // Ended by the store; nothing to cancel.
     for (uint64_t id : ids) {
-      if (Conn *c = Find(id)) {
+      if (Conn* c = Find(id)) {
         Close(*c, absl::StrCat("BARRIER ended: ", status.message()), false);
       }
     }
@@ -644,7 +644,7 @@ class TcpStoreServer::Loop {
 
   // Ends the connection's blocked request with STOP_WAITING (or closes it
   // with the store's error), then carries on with what it sent since.
-  void Complete(Conn &c, uint64_t seq, const absl::Status &status) {
+  void Complete(Conn& c, uint64_t seq, const absl::Status& status) {
     if (c.closing || c.block == Block::kNone || c.seq != seq) return;
     if (!status.ok()) {
       Close(c, absl::StrCat("wait ended: ", status.message()), false);
@@ -657,7 +657,7 @@ class TcpStoreServer::Loop {
 
   // Carries on with requests held back by a blocked request or unread
   // replies.
-  void Resume(Conn &c) {
+  void Resume(Conn& c) {
     if (c.closing) return;
     if (!c.in.empty() && c.in.size() >= c.need) {
       c.in.erase(0, Process(c, c.in));
@@ -666,14 +666,14 @@ class TcpStoreServer::Loop {
     UpdateReading(c);
   }
 
-  void WakeQueueWaiter(const std::string &key) {
+  void WakeQueueWaiter(const std::string& key) {
     auto it = queue_waiters_.find(key);
     if (it == queue_waiters_.end()) return;
     // One waiter per push: the one that pops it.
     while (it != queue_waiters_.end() && !it->second.empty()) {
       const uint64_t id = *it->second.begin();
       it->second.erase(it->second.begin());
-      Conn *c = Find(id);
+      Conn* c = Find(id);
       if (c == nullptr || c->block != Block::kWait) continue;
       std::vector<absl::string_view> keys(c->wait_keys.begin(),
                                           c->wait_keys.end());
@@ -692,11 +692,11 @@ class TcpStoreServer::Loop {
   }
 
   // Forgets the connection's blocked request, wherever it is indexed.
-  void ClearBlock(Conn &c) {
+  void ClearBlock(Conn& c) {
     if (c.block == Block::kNone) return;
     --blocked_;
     if (c.block == Block::kWait) {
-      for (const std::string &k : c.wait_keys) {
+      for (const std::string& k : c.wait_keys) {
         auto it = queue_waiters_.find(k);
         if (it == queue_waiters_.end()) continue;
         it->second.erase(c.id);
@@ -719,7 +719,7 @@ class TcpStoreServer::Loop {
     ++c.seq;
   }
 
-  void CancelBlock(Conn &c) {
+  void CancelBlock(Conn& c) {
     if (c.block == Block::kWait) store_->CancelWait(c.wait_id);
     ClearBlock(c);
   }
@@ -743,7 +743,7 @@ class TcpStoreServer::Loop {
     while (!local_.empty()) {
       std::vector<std::function<void()>> batch;
       batch.swap(local_);
-      for (auto &fn : batch) fn();
+      for (auto& fn : batch) fn();
     }
   }
 
@@ -755,17 +755,17 @@ class TcpStoreServer::Loop {
       batch.swap(posted_);
       stop = stop_requested_;
     }
-    for (auto &fn : batch) fn();
+    for (auto& fn : batch) fn();
     RunLocal();
     if (stop) Shutdown();
   }
 
   void Shutdown() {
-    uv_close(reinterpret_cast<uv_handle_t *>(&listener_), nullptr);
-    std::vector<Conn *> all;
-    for (auto &[id, c] : conns_) all.push_back(c);
-    for (Conn *c : all) Close(*c, "", false);
-    for (auto &[key, b] : barriers_) {
+    uv_close(reinterpret_cast<uv_handle_t*>(&listener_), nullptr);
+    std::vector<Conn*> all;
+    for (auto& [id, c] : conns_) all.push_back(c);
+    for (Conn* c : all) Close(*c, "", false);
+    for (auto& [key, b] : barriers_) {
       if (b.watch != 0) store_->CancelWatch(b.watch);
     }
     barriers_.clear();
@@ -773,7 +773,7 @@ class TcpStoreServer::Loop {
       absl::MutexLock lock(&mu_);
       stopped_ = true;
     }
-    uv_close(reinterpret_cast<uv_handle_t *>(&async_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
   }
 
   void LogLimited(std::string line) {
@@ -792,7 +792,7 @@ class TcpStoreServer::Loop {
     options_.log(line);
   }
 
-  store::KvStore *const store_;
+  store::KvStore* const store_;
   const TcpStoreServerOptions options_;
   tcpstore::Limits limits_;
 
@@ -806,7 +806,7 @@ class TcpStoreServer::Loop {
   // Loop thread only.
   std::string read_buffer_;
   uint64_t next_conn_id_ = 1;
-  absl::flat_hash_map<uint64_t, Conn *> conns_;
+  absl::flat_hash_map<uint64_t, Conn*> conns_;
   absl::flat_hash_map<std::string, std::deque<std::string>> queues_;
   absl::flat_hash_map<std::string, absl::flat_hash_set<uint64_t>>
       queue_waiters_;
@@ -828,7 +828,7 @@ class TcpStoreServer::Loop {
 };
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
-    store::KvStore *store, TcpStoreServerOptions options) {
+    store::KvStore* store, TcpStoreServerOptions options) {
   int port = 0;
   absl::StatusOr<int> fd = ListenExclusive(options.listen, &port);
   if (!fd.ok()) return fd.status();

@@ -67,12 +67,12 @@ class TcpStoreServer {
   // Binds `options.listen` exclusively and starts the loop thread. `store`
   // must outlive the server. UNAVAILABLE naming the address if it is taken.
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
-      store::KvStore *store, TcpStoreServerOptions options);
+      store::KvStore* store, TcpStoreServerOptions options);
 
   // Stops if Stop was not called.
   ~TcpStoreServer();
-  TcpStoreServer(const TcpStoreServer &) = delete;
-  TcpStoreServer &operator=(const TcpStoreServer &) = delete;
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
 
   int port() const { return port_; }
 

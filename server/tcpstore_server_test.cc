@@ -45,7 +45,7 @@ class Wire {
     addr.sin_family = AF_INET;
     addr.sin_port = htons(port);
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = connect(fd_, reinterpret_cast<struct sockaddr *>(&addr),
+    connected_ = connect(fd_, reinterpret_cast<struct sockaddr*>(&addr),
                          sizeof(addr)) == 0;
     int one = 1;
     setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -54,7 +54,7 @@ class Wire {
   bool connected() const { return connected_; }
   int fd() const { return fd_; }
 
-  void Send(const std::string &bytes) {
+  void Send(const std::string& bytes) {
     size_t sent = 0;
     while (sent < bytes.size()) {
       ssize_t n =
@@ -64,7 +64,7 @@ class Wire {
     }
   }
   // Sends one request in `dialect`.
-  void Send(Dialect dialect, const Request &r) {
+  void Send(Dialect dialect, const Request& r) {
     std::string out;
     tcpstore::EncodeRequest(dialect, r, &out);
     Send(out);
@@ -194,7 +194,7 @@ class TcpStoreServerTest : public ::testing::Test {
 
   bool LogMentions(absl::string_view a, absl::string_view b = "") {
     absl::MutexLock lock(&mu_);
-    for (const std::string &line : log_) {
+    for (const std::string& line : log_) {
       if (absl::StrContains(line, a) && absl::StrContains(line, b)) {
         return true;
       }
@@ -350,10 +350,10 @@ TEST_F(TcpStoreServerTest, BarrierReleasesEveryoneWhenTheLastArrives) {
     ranks.push_back(Validated());
     ranks.back()->Send(Dialect::kTorch21, barrier);
   }
-  for (auto &r : ranks) EXPECT_TRUE(r->Silent());
+  for (auto& r : ranks) EXPECT_TRUE(r->Silent());
   ranks.push_back(Validated());
   ranks.back()->Send(Dialect::kTorch21, barrier);
-  for (auto &r : ranks) EXPECT_EQ(r->U8(), kStopWaiting);
+  for (auto& r : ranks) EXPECT_EQ(r->U8(), kStopWaiting);
   EXPECT_EQ(*store_->TryGet("/b"), std::optional<std::string>("3"));
   // A barrier can also be completed by adds from elsewhere (gRPC Add).
   barrier = Q(Op::kBarrier, "/b2");
@@ -391,8 +391,8 @@ TEST_F(TcpStoreServerTest, QueuesPushPopAndWakeOneWaiter) {
                                      ? std::optional<uint8_t>(0)
                                      : std::nullopt;
   EXPECT_NE(got_a.has_value(), got_b.has_value()) << "exactly one wakes";
-  Wire &woken = got_a ? *a : *b;
-  Wire &other = got_a ? *b : *a;
+  Wire& woken = got_a ? *a : *b;
+  Wire& other = got_a ? *b : *a;
   woken.Send(d, Q(Op::kQueuePop, "/q"));
   EXPECT_EQ(woken.I64(), 1);
   EXPECT_EQ(woken.Bytes(), "job1");
@@ -459,7 +459,7 @@ TEST_F(TcpStoreServerTest, BadInputClosesOnlyThatConnection) {
       {"too many keys", many_keys, "max_keys_per_call"},
       {"value too big", big_value, "over max_value_bytes"},
   };
-  for (const Case &c : cases) {
+  for (const Case& c : cases) {
     Wire w(server_->port());
     w.Send(c.bytes);
     EXPECT_TRUE(w.Closed()) << c.name;

@@ -15,7 +15,7 @@ namespace {
 // The one timer thread, and the callbacks of every DeadlineTimer by time.
 struct TimerThread {
   struct Entry {
-    DeadlineTimer *owner;
+    DeadlineTimer* owner;
     std::function<void()> fn;
   };
 
@@ -47,7 +47,7 @@ struct TimerThread {
     }
   }
 
-  void Forget(const DeadlineTimer *owner, DeadlineTimer::TimerId id)
+  void Forget(const DeadlineTimer* owner, DeadlineTimer::TimerId id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto it = by_owner.find(owner);
     if (it == by_owner.end()) return;
@@ -61,17 +61,17 @@ struct TimerThread {
   absl::flat_hash_map<DeadlineTimer::TimerId, absl::Time> when
       ABSL_GUARDED_BY(mu);
   // Each timer's pending callbacks, so its destructor can drop them.
-  absl::flat_hash_map<const DeadlineTimer *,
+  absl::flat_hash_map<const DeadlineTimer*,
                       absl::flat_hash_set<DeadlineTimer::TimerId>>
       by_owner ABSL_GUARDED_BY(mu);
   DeadlineTimer::TimerId next_id ABSL_GUARDED_BY(mu) = 1;
   // The timer whose callback is running, if any.
-  const DeadlineTimer *running ABSL_GUARDED_BY(mu) = nullptr;
+  const DeadlineTimer* running ABSL_GUARDED_BY(mu) = nullptr;
 };
 
-TimerThread &Shared() {
+TimerThread& Shared() {
   // Never destroyed: its thread may be waiting at exit.
-  static TimerThread *const shared = new TimerThread;
+  static TimerThread* const shared = new TimerThread;
   return *shared;
 }
 
@@ -80,7 +80,7 @@ TimerThread &Shared() {
 DeadlineTimer::DeadlineTimer() { Shared(); }
 
 DeadlineTimer::~DeadlineTimer() {
-  TimerThread &t = Shared();
+  TimerThread& t = Shared();
   absl::MutexLock lock(&t.mu);
   if (auto mine = t.by_owner.find(this); mine != t.by_owner.end()) {
     for (TimerId id : mine->second) {
@@ -99,7 +99,7 @@ DeadlineTimer::~DeadlineTimer() {
 
 DeadlineTimer::TimerId DeadlineTimer::Schedule(absl::Time when,
                                                std::function<void()> fn) {
-  TimerThread &t = Shared();
+  TimerThread& t = Shared();
   absl::MutexLock lock(&t.mu);
   TimerId id = t.next_id++;
   t.queue.emplace(std::make_pair(when, id),
@@ -110,7 +110,7 @@ DeadlineTimer::TimerId DeadlineTimer::Schedule(absl::Time when,
 }
 
 bool DeadlineTimer::Cancel(TimerId id) {
-  TimerThread &t = Shared();
+  TimerThread& t = Shared();
   absl::MutexLock lock(&t.mu);
   auto it = t.when.find(id);
   if (it == t.when.end()) return false;

@@ -21,8 +21,8 @@ class DeadlineTimer {
   // is running. REQUIRES: not called from this timer's callback.
   ~DeadlineTimer();
 
-  DeadlineTimer(const DeadlineTimer &) = delete;
-  DeadlineTimer &operator=(const DeadlineTimer &) = delete;
+  DeadlineTimer(const DeadlineTimer&) = delete;
+  DeadlineTimer& operator=(const DeadlineTimer&) = delete;
 
   // Runs `fn` on the timer thread at `when` (at once if it is in the past).
   // Callbacks run one at a time and must not block.

@@ -64,11 +64,11 @@ int64_t DecodeRevision(absl::string_view bytes) {
 // compactions (RocksDB schedules flushes on the low-priority pool when the
 // high one is empty), which keeps cohortd's thread count down. Open grows
 // the high pool to one thread, so this follows every open.
-void FlushOnLowPool(rocksdb::Env *env) {
+void FlushOnLowPool(rocksdb::Env* env) {
   env->SetBackgroundThreads(0, rocksdb::Env::Priority::HIGH);
 }
 
-int64_t FreeBytes(const std::string &path) {
+int64_t FreeBytes(const std::string& path) {
   struct statvfs st;
   if (statvfs(path.c_str(), &st) != 0) return -1;
   return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
@@ -76,8 +76,8 @@ int64_t FreeBytes(const std::string &path) {
 
 // A RocksDB status as an absl one: running out of space is
 // RESOURCE_EXHAUSTED naming the data dir, anything else INTERNAL.
-absl::Status RocksError(const rocksdb::Status &s, absl::string_view what,
-                        const std::string &path) {
+absl::Status RocksError(const rocksdb::Status& s, absl::string_view what,
+                        const std::string& path) {
   if (s.ok()) return absl::OkStatus();
   if (s.IsNoSpace() || absl::StrContains(s.ToString(), "No space left")) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -99,7 +99,7 @@ class ForwardingLogger final : public rocksdb::Logger {
         sink_(std::move(sink)) {}
 
   using rocksdb::Logger::Logv;
-  void Logv(const char *format, va_list ap) override {
+  void Logv(const char* format, va_list ap) override {
     char buf[1024];
     int n = std::vsnprintf(buf, sizeof(buf), format, ap);
     if (n < 0) return;
@@ -118,11 +118,10 @@ class NoAutoRecoveryFileSystem final : public rocksdb::FileSystemWrapper {
  public:
   explicit NoAutoRecoveryFileSystem(std::shared_ptr<rocksdb::FileSystem> fs)
       : rocksdb::FileSystemWrapper(std::move(fs)) {}
-  static const char *kClassName() { return "NoAutoRecoveryFileSystem"; }
-  const char *Name() const override { return kClassName(); }
-  rocksdb::IOStatus GetFreeSpace(const std::string &,
-                                 const rocksdb::IOOptions &, uint64_t *,
-                                 rocksdb::IODebugContext *) override {
+  static const char* kClassName() { return "NoAutoRecoveryFileSystem"; }
+  const char* Name() const override { return kClassName(); }
+  rocksdb::IOStatus GetFreeSpace(const std::string&, const rocksdb::IOOptions&,
+                                 uint64_t*, rocksdb::IODebugContext*) override {
     return rocksdb::IOStatus::NotSupported("cohort watches free space itself");
   }
 };
@@ -130,7 +129,7 @@ class NoAutoRecoveryFileSystem final : public rocksdb::FileSystemWrapper {
 class RocksDbEngine final : public KvEngine {
  public:
   RocksDbEngine(std::unique_ptr<rocksdb::Env> env, rocksdb::Options db_options,
-                std::unique_ptr<rocksdb::DB> db, const RocksDbOptions &options)
+                std::unique_ptr<rocksdb::DB> db, const RocksDbOptions& options)
       : env_(std::move(env)),
         db_options_(std::move(db_options)),
         db_(std::move(db)),
@@ -186,7 +185,7 @@ class RocksDbEngine final : public KvEngine {
       std::vector<std::string> keys) const override {
     class AtSnapshot final : public PreparedRead {
      public:
-      AtSnapshot(rocksdb::DB *db, std::vector<std::string> keys,
+      AtSnapshot(rocksdb::DB* db, std::vector<std::string> keys,
                  std::shared_ptr<std::atomic<int>> out)
           : db_(db),
             snapshot_(db->GetSnapshot()),
@@ -211,8 +210,8 @@ class RocksDbEngine final : public KvEngine {
       }
 
      private:
-      rocksdb::DB *const db_;
-      const rocksdb::Snapshot *const snapshot_;
+      rocksdb::DB* const db_;
+      const rocksdb::Snapshot* const snapshot_;
       const std::vector<std::string> keys_;
       const std::shared_ptr<std::atomic<int>> out_;
     };
@@ -236,7 +235,7 @@ class RocksDbEngine final : public KvEngine {
                      int64_t revision) override {
     rocksdb::WriteBatch batch;
     size_t put_bytes = 0;
-    for (const Mutation &m : mutations) {
+    for (const Mutation& m : mutations) {
       if (m.kind == Mutation::Kind::kPut) {
         batch.Put(DataKey(m.key), m.value);
         put_bytes += m.key.size() + m.value.size();
@@ -262,7 +261,7 @@ class RocksDbEngine final : public KvEngine {
       }
       return failed_;
     }
-    for (const Mutation &m : mutations) {
+    for (const Mutation& m : mutations) {
       if (m.kind == Mutation::Kind::kPut) {
         keys_.emplace(m.key);
       } else {
@@ -371,12 +370,12 @@ class RocksDbEngine final : public KvEngine {
   rocksdb::Status Reopen() {
     if (db_ != nullptr) db_->Close().PermitUncheckedError();
     db_.reset();
-    rocksdb::DB *raw = nullptr;
+    rocksdb::DB* raw = nullptr;
     rocksdb::Status s = rocksdb::DB::Open(db_options_, path_, &raw);
     if (s.ok()) FlushOnLowPool(db_options_.env);
     if (!s.ok()) {
       // Reads go on from a read-only instance until a later Reopen works.
-      rocksdb::DB *read_only = nullptr;
+      rocksdb::DB* read_only = nullptr;
       if (rocksdb::DB::OpenForReadOnly(db_options_, path_, &read_only).ok()) {
         db_.reset(read_only);
         read_only_ = true;
@@ -392,7 +391,7 @@ class RocksDbEngine final : public KvEngine {
     return s;
   }
 
-  absl::Status FromRocks(const rocksdb::Status &s,
+  absl::Status FromRocks(const rocksdb::Status& s,
                          absl::string_view what) const {
     return RocksError(s, what, path_);
   }
@@ -473,10 +472,10 @@ class RocksDbEngine final : public KvEngine {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KvEngine>> OpenRocksDbEngine(
-    const RocksDbOptions &options) {
+    const RocksDbOptions& options) {
   rocksdb::Options db_options;
   db_options.create_if_missing = true;
-  rocksdb::Env *base =
+  rocksdb::Env* base =
       options.env != nullptr ? options.env : rocksdb::Env::Default();
   std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(
       std::make_shared<NoAutoRecoveryFileSystem>(base->GetFileSystem()));
@@ -507,7 +506,7 @@ absl::StatusOr<std::unique_ptr<KvEngine>> OpenRocksDbEngine(
   table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
   db_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
 
-  rocksdb::DB *raw = nullptr;
+  rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(db_options, options.path, &raw);
   if (s.ok()) FlushOnLowPool(db_options.env);
   if (!s.ok()) {

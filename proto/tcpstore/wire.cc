@@ -33,8 +33,8 @@ std::optional<uint8_t> Find(const Op (&table)[N], Op op) {
 // Returns false when a field is missing (incomplete) or bad (*error set).
 class FieldParser {
  public:
-  FieldParser(Decoder &d, const Limits &limits, Request *request,
-              std::string *error)
+  FieldParser(Decoder& d, const Limits& limits, Request* request,
+              std::string* error)
       : d_(d), limits_(limits), r_(request), error_(error) {}
 
   bool Parse() {
@@ -72,14 +72,14 @@ class FieldParser {
   }
 
  private:
-  bool Key(absl::string_view *key) {
+  bool Key(absl::string_view* key) {
     return String(limits_.max_key_bytes, "key", "max_key_bytes", key);
   }
-  bool Value(absl::string_view *value) {
+  bool Value(absl::string_view* value) {
     return String(limits_.max_value_bytes, "value", "max_value_bytes", value);
   }
   bool String(size_t max, absl::string_view what, absl::string_view limit,
-              absl::string_view *out) {
+              absl::string_view* out) {
     uint64_t over = 0;
     if (d_.Bytes(max, out, &over)) return true;
     if (over != 0) {
@@ -119,10 +119,10 @@ class FieldParser {
     return true;
   }
 
-  Decoder &d_;
-  const Limits &limits_;
-  Request *r_;
-  std::string *error_;
+  Decoder& d_;
+  const Limits& limits_;
+  Request* r_;
+  std::string* error_;
 };
 
 }  // namespace
@@ -206,7 +206,7 @@ std::optional<Dialect> DetectDialect(absl::string_view first_bytes) {
 }
 
 ParseResult ParseRequest(Dialect dialect, absl::string_view bytes,
-                         const Limits &limits, Request *request) {
+                         const Limits& limits, Request* request) {
   ParseResult result;
   Decoder d(bytes);
   uint8_t code = 0;
@@ -245,7 +245,7 @@ ParseResult ParseRequest(Dialect dialect, absl::string_view bytes,
   return result;
 }
 
-void EncodeRequest(Dialect dialect, const Request &r, std::string *out) {
+void EncodeRequest(Dialect dialect, const Request& r, std::string* out) {
   Encoder e(out);
   e.U8(*OpCode(dialect, r.op));
   switch (r.op) {
@@ -313,7 +313,7 @@ void Encoder::Bytes(absl::string_view bytes) {
   out_->append(bytes.data(), bytes.size());
 }
 
-bool Decoder::Take(size_t n, const char **p) {
+bool Decoder::Take(size_t n, const char** p) {
   if (bytes_.size() - pos_ < n) {
     needed_ = pos_ + n;
     return false;
@@ -323,15 +323,15 @@ bool Decoder::Take(size_t n, const char **p) {
   return true;
 }
 
-bool Decoder::U8(uint8_t *v) {
-  const char *p;
+bool Decoder::U8(uint8_t* v) {
+  const char* p;
   if (!Take(1, &p)) return false;
   *v = static_cast<uint8_t>(*p);
   return true;
 }
 
-bool Decoder::U32(uint32_t *v) {
-  const char *p;
+bool Decoder::U32(uint32_t* v) {
+  const char* p;
   if (!Take(4, &p)) return false;
   uint32_t x = 0;
   for (int i = 3; i >= 0; --i) x = (x << 8) | static_cast<uint8_t>(p[i]);
@@ -339,8 +339,8 @@ bool Decoder::U32(uint32_t *v) {
   return true;
 }
 
-bool Decoder::U64(uint64_t *v) {
-  const char *p;
+bool Decoder::U64(uint64_t* v) {
+  const char* p;
   if (!Take(8, &p)) return false;
   uint64_t x = 0;
   for (int i = 7; i >= 0; --i) x = (x << 8) | static_cast<uint8_t>(p[i]);
@@ -348,14 +348,14 @@ bool Decoder::U64(uint64_t *v) {
   return true;
 }
 
-bool Decoder::I64(int64_t *v) {
+bool Decoder::I64(int64_t* v) {
   uint64_t x;
   if (!U64(&x)) return false;
   *v = static_cast<int64_t>(x);
   return true;
 }
 
-bool Decoder::Bytes(size_t max, absl::string_view *v, uint64_t *over) {
+bool Decoder::Bytes(size_t max, absl::string_view* v, uint64_t* over) {
   const size_t start = pos_;
   uint64_t length = 0;
   if (!U64(&length)) return false;
@@ -364,7 +364,7 @@ bool Decoder::Bytes(size_t max, absl::string_view *v, uint64_t *over) {
     pos_ = start;
     return false;
   }
-  const char *p;
+  const char* p;
   if (!Take(length, &p)) {
     pos_ = start;
     return false;

@@ -110,15 +110,15 @@ struct ParseResult {
 // rejects (kInvalid) an unknown query type or a length or count over
 // `limits` as soon as its prefix arrives.
 ParseResult ParseRequest(Dialect dialect, absl::string_view bytes,
-                         const Limits &limits, Request *request);
+                         const Limits& limits, Request* request);
 
 // Appends `request` as `dialect` sends it. REQUIRES: OpCode(dialect, op).
-void EncodeRequest(Dialect dialect, const Request &request, std::string *out);
+void EncodeRequest(Dialect dialect, const Request& request, std::string* out);
 
 // Appends values in wire encoding (replies, and requests by hand in tests).
 class Encoder {
  public:
-  explicit Encoder(std::string *out) : out_(out) {}
+  explicit Encoder(std::string* out) : out_(out) {}
   void U8(uint8_t v) { out_->push_back(static_cast<char>(v)); }
   void U32(uint32_t v);
   void U64(uint64_t v);
@@ -126,7 +126,7 @@ class Encoder {
   void Bytes(absl::string_view bytes);  // u64 length, then the bytes.
 
  private:
-  std::string *out_;
+  std::string* out_;
 };
 
 // Reads values in wire encoding from a buffer. Each read returns false,
@@ -135,18 +135,18 @@ class Encoder {
 class Decoder {
  public:
   explicit Decoder(absl::string_view bytes) : bytes_(bytes) {}
-  bool U8(uint8_t *v);
-  bool U32(uint32_t *v);
-  bool U64(uint64_t *v);
-  bool I64(int64_t *v);
+  bool U8(uint8_t* v);
+  bool U32(uint32_t* v);
+  bool U64(uint64_t* v);
+  bool I64(int64_t* v);
   // A length-prefixed string of at most `max` bytes. When the prefix is
   // over it, returns false and sets *over (if given) to the prefix.
-  bool Bytes(size_t max, absl::string_view *v, uint64_t *over = nullptr);
+  bool Bytes(size_t max, absl::string_view* v, uint64_t* over = nullptr);
   size_t consumed() const { return pos_; }
   size_t needed() const { return needed_; }
 
  private:
-  bool Take(size_t n, const char **p);
+  bool Take(size_t n, const char** p);
   absl::string_view bytes_;
   size_t pos_ = 0;
   size_t needed_ = 0;

@@ -54,7 +54,7 @@ TEST(WireTest, ParsesWhatItEncodesInBothDialects) {
   add.key = "/c";
   add.number = -5;
   for (Dialect dialect : {Dialect::kTorch113, Dialect::kTorch21}) {
-    for (const Request *r : {&set, &multi, &add}) {
+    for (const Request* r : {&set, &multi, &add}) {
       if (!OpCode(dialect, r->op)) continue;
       std::string wire;
       EncodeRequest(dialect, *r, &wire);

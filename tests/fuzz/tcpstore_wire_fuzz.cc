@@ -29,13 +29,13 @@ namespace {
     }                                                                       \
   } while (0)
 
-bool Same(const Request &a, const Request &b) {
+bool Same(const Request& a, const Request& b) {
   return a.op == b.op && a.key == b.key && a.value == b.value &&
          a.expected == b.expected && a.keys == b.keys && a.values == b.values &&
          a.number == b.number && a.word == b.word;
 }
 
-void Stream(Dialect dialect, const Limits &limits, absl::string_view data) {
+void Stream(Dialect dialect, const Limits& limits, absl::string_view data) {
   size_t pos = 0;
   while (pos < data.size()) {
     absl::string_view rest = data.substr(pos);
@@ -76,11 +76,11 @@ void Stream(Dialect dialect, const Limits &limits, absl::string_view data) {
 }  // namespace
 }  // namespace cohort::tcpstore
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace cohort::tcpstore;
   if (size == 0) return 0;
   const uint8_t control = data[0];
-  absl::string_view stream(reinterpret_cast<const char *>(data) + 1, size - 1);
+  absl::string_view stream(reinterpret_cast<const char*>(data) + 1, size - 1);
   Limits limits;
   if (control & 2) {
     limits.max_key_bytes = 16;
