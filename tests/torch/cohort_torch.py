@@ -130,13 +130,15 @@ class Backend:
     def is_cohortd(self):
         return self.kind == "cohortd"
 
-    def start(self, port=0, grpc_port=0):
-        """Starts the server (port 0: a free one) and waits for its log line."""
+    def start(self, port=0, grpc_port=0, flags=()):
+        """Starts the server (port 0: a free one) and waits for its log line.
+        flags: more cohortd flags."""
         log = open(self.log_path, "ab")
         mark = os.path.getsize(self.log_path)
         if self.is_cohortd:
             cmd = [self.cohortd_bin, f"--listen=127.0.0.1:{grpc_port}",
-                   f"--tcpstore_listen=127.0.0.1:{port}", f"--data_dir={self.data_dir}"]
+                   f"--tcpstore_listen=127.0.0.1:{port}", f"--data_dir={self.data_dir}",
+                   *flags]
         else:
             cmd = [PYTHON, os.path.join(HERE, "tcpstore_server.py"), str(port)]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)

@@ -270,6 +270,27 @@ def watch_key_closes(c, b):
     c.eq("server serves after a WATCH_KEY", s2.get("after/watch"), b"ok")
 
 
+def idle_connections_kept(c, args):
+    """torch 1.13 never reconnects, so cohortd's --idle_timeout must not
+    close a TCPStore connection, idle or blocked in a WAIT."""
+    b = ct.Backend(args, "store_ops_idle")
+    b.start(flags=["--idle_timeout=1s"])
+    try:
+        s = b.client(dist)
+        s.set("idle/a", "1")
+        got = []
+        th = threading.Thread(target=lambda: got.append(b.client(dist, timeout_s=20).get("idle/late")))
+        th.start()
+        time.sleep(2.5)
+        c.eq("get on a connection idle for 2.5 s under --idle_timeout=1s", s.get("idle/a"), b"1")
+        c.ok(th.is_alive(), "a get blocked for 2.5 s under --idle_timeout=1s ended early")
+        s.set("idle/late", "x")
+        th.join(10)
+        c.eq("the blocked get's value", got, [b"x"])
+    finally:
+        b.kill9()
+
+
 def main():
     args = ct.parse_args(__doc__)
     c = ct.Checks("store_ops_test")
@@ -291,6 +312,7 @@ def main():
             c.section("cohortctl sees torch's keys", cohortctl_sees_torch, c, b)
             c.section("torch sees cohortctl's keys", torch_sees_cohortctl, c, b)
             c.section("WATCH_KEY closes the connection", watch_key_closes, c, b)
+            c.section("--idle_timeout keeps TCPStore connections", idle_connections_kept, c, args)
             c.eq("cohortd exit status on SIGTERM", b.stop(), 0)
     finally:
         b.kill9()
