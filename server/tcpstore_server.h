@@ -48,6 +48,9 @@ struct TcpStoreServerOptions {
   // Replies queued for a connection past which cohortd stops reading its
   // requests until it reads its replies.
   size_t max_unsent_bytes = 4 << 20;
+  // How long the loop thread keeps polling, instead of sleeping, after a
+  // request arrives (yielding the CPU between polls). 0: always sleep.
+  absl::Duration spin_after_activity = absl::Microseconds(50);
   // Where refused connections and bad input are reported: at most one
   // line per log_every, with a count of the lines left out.
   std::function<void(absl::string_view)> log;

@@ -299,6 +299,36 @@ TEST_F(TcpStoreServerTest, Torch21WaitIsDeferredUntilAnyWriterSetsTheKeys) {
   EXPECT_EQ(waiter->Bytes(), "three");
 }
 
+TEST_F(TcpStoreServerTest, SetsWithoutRepliesAreCommittedPromptly) {
+  // SETs have no reply and may share a commit, but none waits long: each
+  // reaches the store (and its write-ahead log) on its own within a moment.
+  auto w = Validated();
+  for (int i = 0; i < 3; ++i) {
+    const std::string key = absl::StrCat("/quiet", i);
+    w->Send(Dialect::kTorch21, Q(Op::kSet, key, "v"));
+    const absl::Time give_up = absl::Now() + absl::Seconds(1);
+    while (!store_->TryGet(key)->has_value() && absl::Now() < give_up) {
+      absl::SleepFor(absl::Microseconds(50));
+    }
+    EXPECT_TRUE(store_->TryGet(key)->has_value()) << key;
+  }
+  // A stream of SETs, then a request with a reply on the same connection:
+  // every SET is in the store before that reply is sent.
+  std::string stream;
+  for (int i = 0; i < 2000; ++i) {
+    const std::string key = absl::StrCat("/s", i);
+    tcpstore::EncodeRequest(Dialect::kTorch21, Q(Op::kSet, key, "x"), &stream);
+  }
+  Request ping = Q(Op::kPing);
+  ping.word = 7;
+  tcpstore::EncodeRequest(Dialect::kTorch21, ping, &stream);
+  w->Send(stream);
+  ASSERT_TRUE(w->Read(4).has_value());
+  for (int i = 0; i < 2000; ++i) {
+    ASSERT_TRUE(store_->TryGet(absl::StrCat("/s", i))->has_value()) << i;
+  }
+}
+
 TEST_F(TcpStoreServerTest, CancelWaitIsAlwaysAnsweredWithWaitCanceled) {
   auto w = Validated();
   const Dialect d = Dialect::kTorch21;
