@@ -199,7 +199,9 @@ class TcpStoreServer::Loop {
   }
 
   static void OnCheck(uv_check_t* handle) {
-    static_cast<Loop*>(handle->data)->Drain();
+    Loop* loop = static_cast<Loop*>(handle->data);
+    loop->Drain();
+    loop->AcceptDeferred();
   }
 
   static void OnConnection(uv_stream_t* server, int status) {
@@ -254,6 +256,29 @@ class TcpStoreServer::Loop {
                               uv_strerror(status)));
       return;
     }
+    // An accept storm (thousands of ranks connecting at once) is taken
+    // kAcceptBurst connections per loop pass, and the connections already
+    // open are served in between: the rest wait in the kernel's backlog
+    // (sized from somaxconn). Not accepting here makes libuv stop watching
+    // the socket until AcceptDeferred's uv_accept watches it again.
+    if (accepted_this_pass_ >= kAcceptBurst) {
+      accept_deferred_ = true;
+      return;
+    }
+    ++accepted_this_pass_;
+    AcceptOne();
+  }
+
+  // Called at each pass's end.
+  void AcceptDeferred() {
+    accepted_this_pass_ = 0;
+    if (!accept_deferred_) return;
+    accept_deferred_ = false;
+    ++accepted_this_pass_;
+    AcceptOne();
+  }
+
+  void AcceptOne() {
     auto* c = new Conn;
     c->loop = this;
     uv_tcp_init(&loop_, &c->tcp);
@@ -930,6 +955,9 @@ class TcpStoreServer::Loop {
   absl::flat_hash_map<std::string, Barrier> barriers_;
   std::vector<std::function<void()>> local_;
   std::vector<uint64_t> ready_;
+  static constexpr int kAcceptBurst = 64;
+  int accepted_this_pass_ = 0;
+  bool accept_deferred_ = false;
   int64_t last_activity_ns_ = 0;
   // Changes read but not committed, the connection and query of each, and
   // the strings they point to.
