@@ -7,6 +7,7 @@ a new client) reads every key and counter back.
 
 Against torch's own server (--backend=torch) nothing survives a kill, so the
 phases run back to back without one: that only validates the test logic."""
+import argparse
 import json
 import subprocess
 import sys
@@ -20,15 +21,10 @@ ADDS = 100
 
 
 def extra_flags(p):
-    p.add_argument("--phase", type=int, default=0, help=argparse_hidden())
-    p.add_argument("--port", type=int, default=0, help=argparse_hidden())
+    p.add_argument("--phase", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--kill_torch_server", action="store_true",
                    help="kill and restart torch's server too: the test must then fail")
-
-
-def argparse_hidden():
-    import argparse
-    return argparse.SUPPRESS
 
 
 def value(i):
