@@ -138,6 +138,52 @@ def ops_per_s(port, op, clients, n):
     return clients * n / wall
 
 
+def storm_ranks(port, n, tag, ranks, start, done):
+    """Runs `ranks` (of n) as threads of this process; for storm_procs."""
+    clients = {r: connect(port) for r in ranks}
+    errors = []
+
+    def rank(r):
+        s = clients[r]
+        try:
+            s.add(f"{tag}/arrived", 1)
+            s.set(f"{tag}/addr/{r}", b"a" * 64)
+            s.wait([f"{tag}/addr/{p}" for p in range(n)])
+            for p in range(n):
+                s.get(f"{tag}/addr/{p}")
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=rank, args=(r,)) for r in ranks]
+    start.wait()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    done.put(repr(errors[0]) if errors else "")
+
+
+def init_storm_procs(port, n, procs, tag):
+    """The same storm with the ranks spread over `procs` processes, so the
+    client's GIL no longer serialises them and the server's share shows."""
+    ctx = mp.get_context("fork")
+    start, done = ctx.Barrier(procs + 1), ctx.Queue()
+    ps = [ctx.Process(target=storm_ranks,
+                      args=(port, n, tag, range(i, n, procs), start, done))
+          for i in range(procs)]
+    for p in ps:
+        p.start()
+    start.wait(timeout=600)
+    t0 = time.perf_counter()
+    errors = [done.get(timeout=1800) for _ in ps]
+    wall = time.perf_counter() - t0
+    for p in ps:
+        p.join()
+    if any(errors):
+        raise RuntimeError(f"init storm {n} over {procs} processes: {[e for e in errors if e][0]}")
+    return wall
+
+
 def init_storm(port, n, tag):
     clients = [connect(port) for _ in range(n)]
     barrier = threading.Barrier(n + 1)
@@ -183,6 +229,9 @@ def main():
     ap.add_argument("--ops", type=int, default=5000, help="ops per client process")
     ap.add_argument("--clients", default="1,8")
     ap.add_argument("--storm", default="256,1024", help="init storm rank counts")
+    ap.add_argument("--storm_procs", default="1",
+                    help="client processes to spread each storm's ranks over "
+                         "(1: threads of one process, as ../shared/bench/torch_init_storm.py)")
     ap.add_argument("--backends", default="torch,cohort",
                     help="which servers to run (torch alone needs no cohortd)")
     ap.add_argument("--quick", action="store_true",
@@ -193,6 +242,10 @@ def main():
     backends = args.backends.split(",")
     clients = [int(x) for x in args.clients.split(",") if x]
     storms = [int(x) for x in args.storm.split(",") if x]
+    storm_procs = [int(x) for x in args.storm_procs.split(",") if x]
+
+    def storm_name(n, procs):
+        return f"init storm {n}" + (f" ({procs} procs)" if procs > 1 else "")
     nofile = raise_nofile()
     if storms and 2 * max(storms) + 64 > nofile:
         sys.exit(f"RLIMIT_NOFILE hard limit {nofile} is too low for {max(storms)} ranks")
@@ -200,7 +253,7 @@ def main():
     workdir = tempfile.mkdtemp(prefix="torch-store-compare-")
 
     rows = [(f"{op} x{c}", "ops/s") for c in clients for op in ("set", "get", "add")]
-    rows += [(f"init storm {n}", "s") for n in storms]
+    rows += [(storm_name(n, p), "s") for n in storms for p in storm_procs]
     results = {(name, kind): [] for name, _ in rows for kind in ("torch", "cohort")}
     print(f"# {args.rounds} round(s), {args.ops} ops per client, {VALUE_BYTES} B values, "
           f"{os.cpu_count()} cores; cohortd: {cohortd} --engine=rocksdb", flush=True)
@@ -216,9 +269,13 @@ def main():
                             results[(f"{op} x{c}", kind)].append(v)
                             print(f"round {rnd} {kind:6} {op} x{c}: {v:,.0f} ops/s", flush=True)
                     for n in storms:
-                        v = init_storm(server.port, n, f"storm{n}")
-                        results[(f"init storm {n}", kind)].append(v)
-                        print(f"round {rnd} {kind:6} init storm {n}: {v:.3f} s", flush=True)
+                        for procs in storm_procs:
+                            tag = f"storm{n}p{procs}"
+                            v = (init_storm(server.port, n, tag) if procs == 1
+                                 else init_storm_procs(server.port, n, procs, tag))
+                            results[(storm_name(n, procs), kind)].append(v)
+                            print(f"round {rnd} {kind:6} {storm_name(n, procs)}: {v:.3f} s",
+                                  flush=True)
                 finally:
                     server.stop()
     finally:
