@@ -11,14 +11,17 @@
 #   tools/faults.sh tsan fuzz    # some of them
 #
 # Sanitizer builds live in their own output base ($COHORT_SAN_OUTPUT_BASE,
-# default ~/.cache/bazel_san), so they never evict the normal build.
+# default ~/.cache/bazel_san-<checkout hash>), so they never evict the normal build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COHORT_WITH_FUZZ=1 bash tools/setup.sh
 
 steps=("$@")
 ((${#steps[@]})) || steps=(asan tsan fuzz)
-san=(bazel "--output_base=${COHORT_SAN_OUTPUT_BASE:-$HOME/.cache/bazel_san}")
+# One output base per checkout: one left by another checkout's path holds
+# runfiles links into that path.
+checkout=$(pwd -P | md5sum | cut -c1-8)
+san=(bazel "--output_base=${COHORT_SAN_OUTPUT_BASE:-$HOME/.cache/bazel_san-$checkout}")
 common=(--jobs="${COHORT_JOBS:-2}" --keep_going --nocache_test_results)
 
 # Every package, by its top-level folder: `//...` would also walk into the

@@ -41,10 +41,11 @@ TEST(WireTest, DetectsDialectFromFirstBytes) {
 }
 
 TEST(WireTest, ParsesWhatItEncodesInBothDialects) {
+  const std::string binary("v\0w", 3);
   Request set;
   set.op = Op::kSet;
   set.key = "/k";
-  set.value = std::string("v\0w", 3);
+  set.value = binary;
   Request multi;
   multi.op = Op::kMultiSet;
   multi.keys = {"/a", "/b"};
