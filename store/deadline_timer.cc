@@ -10,28 +10,35 @@
 #include "absl/synchronization/mutex.h"
 
 namespace cohort::store {
-namespace {
 
-// The one timer thread, and the callbacks of every DeadlineTimer by time.
-struct TimerThread {
+// The shared timer thread and the callbacks of every DeadlineTimer, by time.
+struct DeadlineTimer::Shared {
   struct Entry {
     DeadlineTimer* owner;
     std::function<void()> fn;
   };
 
-  TimerThread() {
-    std::thread([this] { Loop(); }).detach();
+  Shared() : thread([this] { Loop(); }) {}
+
+  // Joins the thread. REQUIRES: no DeadlineTimer uses this any more.
+  ~Shared() {
+    {
+      absl::MutexLock lock(&mu);
+      stopping = true;
+    }
+    thread.join();
   }
 
   void Loop() {
     mu.Lock();
-    for (;;) {
+    while (!stopping) {
       absl::Time next =
           queue.empty() ? absl::InfiniteFuture() : queue.begin()->first.first;
       if (absl::Now() < next) {
-        // Wakes early when an earlier deadline is scheduled.
+        // Wakes early when an earlier deadline is scheduled, or to stop.
         auto earlier = [this, next]() ABSL_SHARED_LOCKS_REQUIRED(mu) {
-          return !queue.empty() && queue.begin()->first.first < next;
+          return stopping ||
+                 (!queue.empty() && queue.begin()->first.first < next);
         };
         mu.AwaitWithDeadline(absl::Condition(&earlier), next);
         continue;
@@ -45,9 +52,10 @@ struct TimerThread {
       mu.Lock();
       running = nullptr;
     }
+    mu.Unlock();
   }
 
-  void Forget(const DeadlineTimer* owner, DeadlineTimer::TimerId id)
+  void Forget(const DeadlineTimer* owner, TimerId id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto it = by_owner.find(owner);
     if (it == by_owner.end()) return;
@@ -56,61 +64,76 @@ struct TimerThread {
   }
 
   absl::Mutex mu;
-  std::map<std::pair<absl::Time, DeadlineTimer::TimerId>, Entry> queue
-      ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<DeadlineTimer::TimerId, absl::Time> when
-      ABSL_GUARDED_BY(mu);
+  std::map<std::pair<absl::Time, TimerId>, Entry> queue ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<TimerId, absl::Time> when ABSL_GUARDED_BY(mu);
   // Each timer's pending callbacks, so its destructor can drop them.
-  absl::flat_hash_map<const DeadlineTimer*,
-                      absl::flat_hash_set<DeadlineTimer::TimerId>>
+  absl::flat_hash_map<const DeadlineTimer*, absl::flat_hash_set<TimerId>>
       by_owner ABSL_GUARDED_BY(mu);
-  DeadlineTimer::TimerId next_id ABSL_GUARDED_BY(mu) = 1;
+  TimerId next_id ABSL_GUARDED_BY(mu) = 1;
   // The timer whose callback is running, if any.
   const DeadlineTimer* running ABSL_GUARDED_BY(mu) = nullptr;
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  std::thread thread;
 };
 
-TimerThread& Shared() {
-  // Never destroyed: its thread may be waiting at exit.
-  static TimerThread* const shared = new TimerThread;
-  return *shared;
-}
+namespace {
+
+// The thread lives while any DeadlineTimer does: a process that has none
+// (say, before it forks its workers) has no timer thread either.
+ABSL_CONST_INIT absl::Mutex users_mu(absl::kConstInit);
+DeadlineTimer::Shared* shared ABSL_GUARDED_BY(users_mu) = nullptr;
+int users ABSL_GUARDED_BY(users_mu) = 0;
 
 }  // namespace
 
-DeadlineTimer::DeadlineTimer() { Shared(); }
+DeadlineTimer::DeadlineTimer() {
+  absl::MutexLock lock(&users_mu);
+  if (users++ == 0) shared = new Shared;
+  shared_ = shared;
+}
 
 DeadlineTimer::~DeadlineTimer() {
-  TimerThread& t = Shared();
-  absl::MutexLock lock(&t.mu);
-  if (auto mine = t.by_owner.find(this); mine != t.by_owner.end()) {
-    for (TimerId id : mine->second) {
-      auto it = t.when.find(id);
-      if (it == t.when.end()) continue;
-      t.queue.erase(std::make_pair(it->second, id));
-      t.when.erase(it);
+  Shared& t = *shared_;
+  {
+    absl::MutexLock lock(&t.mu);
+    if (auto mine = t.by_owner.find(this); mine != t.by_owner.end()) {
+      for (TimerId id : mine->second) {
+        auto it = t.when.find(id);
+        if (it == t.when.end()) continue;
+        t.queue.erase(std::make_pair(it->second, id));
+        t.when.erase(it);
+      }
+      t.by_owner.erase(mine);
     }
-    t.by_owner.erase(mine);
+    auto not_running = [this, &t]() ABSL_SHARED_LOCKS_REQUIRED(t.mu) {
+      return t.running != this;
+    };
+    t.mu.Await(absl::Condition(&not_running));
   }
-  auto not_running = [this, &t]() ABSL_SHARED_LOCKS_REQUIRED(t.mu) {
-    return t.running != this;
-  };
-  t.mu.Await(absl::Condition(&not_running));
+  Shared* last = nullptr;
+  {
+    absl::MutexLock lock(&users_mu);
+    if (--users == 0) {
+      last = shared;
+      shared = nullptr;
+    }
+  }
+  delete last;  // Joins the thread.
 }
 
 DeadlineTimer::TimerId DeadlineTimer::Schedule(absl::Time when,
                                                std::function<void()> fn) {
-  TimerThread& t = Shared();
+  Shared& t = *shared_;
   absl::MutexLock lock(&t.mu);
   TimerId id = t.next_id++;
-  t.queue.emplace(std::make_pair(when, id),
-                  TimerThread::Entry{this, std::move(fn)});
+  t.queue.emplace(std::make_pair(when, id), Shared::Entry{this, std::move(fn)});
   t.when.emplace(id, when);
   t.by_owner[this].insert(id);
   return id;
 }
 
 bool DeadlineTimer::Cancel(TimerId id) {
-  TimerThread& t = Shared();
+  Shared& t = *shared_;
   absl::MutexLock lock(&t.mu);
   auto it = t.when.find(id);
   if (it == t.when.end()) return false;

@@ -1,7 +1,8 @@
 // DeadlineTimer: runs callbacks at given times on one background thread, so
 // that thousands of pending timeouts cost one thread, not one each. Every
-// DeadlineTimer in the process shares that thread (the store's, membership's
-// and rendezvous's timeouts), which starts on first use.
+// DeadlineTimer alive in the process shares that thread (the store's,
+// membership's and rendezvous's timeouts): it starts with the first and is
+// joined with the last, so a process with no timers has no timer thread.
 #ifndef COHORT_STORE_DEADLINE_TIMER_H_
 #define COHORT_STORE_DEADLINE_TIMER_H_
 
@@ -18,7 +19,8 @@ class DeadlineTimer {
 
   DeadlineTimer();
   // Cancels this timer's pending callbacks and waits for one of them that
-  // is running. REQUIRES: not called from this timer's callback.
+  // is running; the last timer alive also joins the shared thread.
+  // REQUIRES: not called from a timer callback.
   ~DeadlineTimer();
 
   DeadlineTimer(const DeadlineTimer&) = delete;
@@ -31,6 +33,11 @@ class DeadlineTimer {
   // Removes a pending callback. Returns false if it already ran or is
   // running.
   bool Cancel(TimerId id);
+
+  struct Shared;
+
+ private:
+  Shared* shared_;
 };
 
 }  // namespace cohort::store

@@ -1,6 +1,9 @@
 #include "store/deadline_timer.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -37,8 +40,8 @@ TEST(DeadlineTimerTest, RunsInDeadlineOrder) {
 TEST(DeadlineTimerTest, CancelledCallbackNeverRuns) {
   DeadlineTimer timer;
   std::atomic<bool> ran{false};
-  auto id = timer.Schedule(absl::Now() + absl::Milliseconds(30),
-                           [&] { ran = true; });
+  auto id =
+      timer.Schedule(absl::Now() + absl::Milliseconds(30), [&] { ran = true; });
   EXPECT_TRUE(timer.Cancel(id));
   EXPECT_FALSE(timer.Cancel(id));
   absl::SleepFor(absl::Milliseconds(80));
@@ -50,6 +53,40 @@ TEST(DeadlineTimerTest, PastDeadlineRunsAtOnce) {
   absl::Notification done;
   timer.Schedule(absl::Now() - absl::Seconds(1), [&] { done.Notify(); });
   EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(1)));
+}
+
+int Threads() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+TEST(DeadlineTimerTest, TimersShareOneThreadThatEndsWithTheLast) {
+  const int before = Threads();
+  {
+    DeadlineTimer a;
+    DeadlineTimer b;
+    EXPECT_EQ(Threads(), before + 1);
+    // A callback of one may run while the other is destroyed.
+    absl::Notification a_ran, b_ran;
+    a.Schedule(absl::Now(), [&] { a_ran.Notify(); });
+    {
+      DeadlineTimer c;
+      c.Schedule(absl::Now() + absl::Hours(1), [] { std::abort(); });
+    }
+    b.Schedule(absl::Now(), [&] { b_ran.Notify(); });
+    EXPECT_TRUE(a_ran.WaitForNotificationWithTimeout(absl::Seconds(5)));
+    EXPECT_TRUE(b_ran.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  }
+  // None left: no timer thread either (a process may fork now).
+  EXPECT_EQ(Threads(), before);
+  DeadlineTimer again;
+  absl::Notification ran;
+  again.Schedule(absl::Now(), [&] { ran.Notify(); });
+  EXPECT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(5)));
 }
 
 }  // namespace
