@@ -35,15 +35,16 @@ class Python {
     int in[2], out[2];
     if (pipe(in) != 0 || pipe(out) != 0) return;
     args.insert(args.begin(), {"/usr/bin/python3", "-c", script});
+    // Built before fork: the child of a threaded parent must not allocate.
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     pid_ = fork();
     if (pid_ == 0) {
       dup2(in[0], STDIN_FILENO);
       dup2(out[1], STDOUT_FILENO);
       close(in[1]);
       close(out[0]);
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
       execv(argv[0], argv.data());
       _exit(127);
     }

@@ -32,15 +32,16 @@ absl::StatusOr<CohortdProcess> CohortdProcess::Start(
   args.insert(args.begin(), "server/cohortd");
   int pipe_fds[2];
   if (pipe(pipe_fds) != 0) return absl::InternalError("pipe failed");
+  // Built before fork: the child of a threaded parent must not allocate.
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
     dup2(pipe_fds[1], STDERR_FILENO);
     close(pipe_fds[0]);
     close(pipe_fds[1]);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
     execv(argv[0], argv.data());
     _exit(127);
   }
@@ -67,9 +68,8 @@ absl::StatusOr<CohortdProcess> CohortdProcess::Start(
         size_t t_colon = t == std::string::npos
                              ? std::string::npos
                              : log.find(':', t + kTcpStore.size());
-        size_t t_end = t_colon == std::string::npos
-                           ? std::string::npos
-                           : log.find(' ', t_colon);
+        size_t t_end = t_colon == std::string::npos ? std::string::npos
+                                                    : log.find(' ', t_colon);
         if (t_end != std::string::npos &&
             absl::SimpleAtoi(log.substr(t_colon + 1, t_end - t_colon - 1),
                              &process.tcpstore_port_)) {

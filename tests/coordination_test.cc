@@ -1,5 +1,6 @@
 // Rendezvous and membership against cohortd as a real process, with
 // members that are real processes where the test kills them.
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,8 +19,8 @@
 namespace cohort {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::CohortdProcess;
+using ::testing::HasSubstr;
 
 ConnectionOptions At(const std::string& address) {
   ConnectionOptions options;
@@ -71,23 +72,30 @@ MemberProcess StartMember(const std::string& address, const std::string& name,
                           int rank, int interval_ms) {
   int fds[2];
   EXPECT_EQ(pipe(fds), 0);
+  // Everything the child needs is built before fork: it only execs, since
+  // allocating in the child of a threaded parent can deadlock.
+  std::vector<std::string> args = {"tests/member_main",
+                                   "--addr=" + address,
+                                   "--group=job",
+                                   "--name=" + name,
+                                   absl::StrCat("--rank=", rank),
+                                   "--host=host-" + name,
+                                   absl::StrCat("--interval_ms=", interval_ms)};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   MemberProcess m;
   m.pid = fork();
   if (m.pid == 0) {
     dup2(fds[1], STDOUT_FILENO);
     close(fds[0]);
-    std::vector<std::string> args = {
-        "tests/member_main", "--addr=" + address, "--group=job",
-        "--name=" + name, absl::StrCat("--rank=", rank),
-        "--host=host-" + name, absl::StrCat("--interval_ms=", interval_ms)};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
     execv(argv[0], argv.data());
     _exit(127);
   }
   close(fds[1]);
   char buf[64] = {};
+  struct pollfd joined = {fds[0], POLLIN, 0};
+  EXPECT_EQ(poll(&joined, 1, 30000), 1) << "member did not join in 30 s";
   EXPECT_GT(read(fds[0], buf, sizeof(buf) - 1), 0) << "member did not join";
   close(fds[0]);
   return m;
@@ -109,8 +117,9 @@ class CoordinationTest : public ::testing::Test {
 };
 
 TEST_F(CoordinationTest, ThreeNodesGetDistinctRanksAndOneWorldSize) {
-  auto results = JoinAll(server_->address(), {Node("n0", 2, 3), Node("n1", 2, 3),
-                                              Node("n2", 2, 3)});
+  auto results =
+      JoinAll(server_->address(),
+              {Node("n0", 2, 3), Node("n1", 2, 3), Node("n2", 2, 3)});
   std::set<int> node_ranks, first_ranks;
   for (auto& r : results) {
     ASSERT_TRUE(r.ok()) << r.status();
@@ -147,7 +156,8 @@ TEST_F(CoordinationTest, JoinTimeoutSaysHowManyArrived) {
 }
 
 TEST_F(CoordinationTest, LateJoinerWaitsThenGetsTheNextRound) {
-  auto first = JoinAll(server_->address(), {Node("n0", 2, 2), Node("n1", 2, 2)});
+  auto first =
+      JoinAll(server_->address(), {Node("n0", 2, 2), Node("n1", 2, 2)});
   ASSERT_TRUE(first[0].ok() && first[1].ok());
   auto client = RendezvousClient::Connect(At(server_->address()));
   ASSERT_TRUE(client.ok());
@@ -210,7 +220,8 @@ TEST_F(CoordinationTest, Kill9OfAMemberIsSeenAsFailedInTime) {
   auto client = MembershipClient::Connect(At(server_->address()));
   ASSERT_TRUE(client.ok());
   Events events;
-  auto watch = (*client)->Watch("job", [&](const MemberEvent& e) { events.Add(e); });
+  auto watch =
+      (*client)->Watch("job", [&](const MemberEvent& e) { events.Add(e); });
   ASSERT_TRUE(watch.ok());
   constexpr int kIntervalMs = 200;  // Lease: 3 x 200 ms.
   MemberProcess victim = StartMember(server_->address(), "b", 1, kIntervalMs);
@@ -259,21 +270,25 @@ TEST_F(CoordinationTest, BarrierTimeoutNamesWhoIsMissing) {
 TEST_F(CoordinationTest, ReportedErrorReachesEveryMember) {
   auto client = MembershipClient::Connect(At(server_->address()));
   Events seen_by_a, seen_by_b;
-  auto watch_a = (*client)->Watch("job", [&](const MemberEvent& e) { seen_by_a.Add(e); });
+  auto watch_a =
+      (*client)->Watch("job", [&](const MemberEvent& e) { seen_by_a.Add(e); });
   auto other = MembershipClient::Connect(At(server_->address()));
-  auto watch_b = (*other)->Watch("job", [&](const MemberEvent& e) { seen_by_b.Add(e); });
+  auto watch_b =
+      (*other)->Watch("job", [&](const MemberEvent& e) { seen_by_b.Add(e); });
   auto a = (*client)->JoinGroup({"job", "a", 0, "host-a", absl::Seconds(1), 3});
   auto b = (*other)->JoinGroup({"job", "b", 1, "host-b", absl::Seconds(1), 3});
   ASSERT_TRUE(a.ok() && b.ok());
   absl::Status barrier;
-  std::thread waiter([&] { barrier = (*a)->Barrier("step", absl::Seconds(20)); });
+  std::thread waiter(
+      [&] { barrier = (*a)->Barrier("step", absl::Seconds(20)); });
   absl::SleepFor(absl::Milliseconds(200));
   ASSERT_TRUE((*b)->ReportError("loss is NaN").ok());
   waiter.join();
   EXPECT_EQ(barrier.code(), absl::StatusCode::kAborted);
   EXPECT_THAT(barrier.message(), HasSubstr("loss is NaN"));
   for (Events* events : {&seen_by_a, &seen_by_b}) {
-    auto e = events->Await(MemberEvent::Type::kErrorReported, "b", absl::Seconds(5));
+    auto e =
+        events->Await(MemberEvent::Type::kErrorReported, "b", absl::Seconds(5));
     ASSERT_TRUE(e.has_value());
     EXPECT_EQ(e->first.message, "loss is NaN");
   }
@@ -282,11 +297,13 @@ TEST_F(CoordinationTest, ReportedErrorReachesEveryMember) {
 TEST_F(CoordinationTest, MembersKeepTheirMembershipAcrossACohortdRestart) {
   const int port = server_->port();
   auto client = MembershipClient::Connect(At(server_->address()));
-  auto a = (*client)->JoinGroup({"job", "a", 0, "host-a", absl::Milliseconds(300), 3});
+  auto a = (*client)->JoinGroup(
+      {"job", "a", 0, "host-a", absl::Milliseconds(300), 3});
   ASSERT_TRUE(a.ok());
   const int64_t incarnation = (*a)->incarnation();
   Events events;
-  auto watch = (*client)->Watch("job", [&](const MemberEvent& e) { events.Add(e); });
+  auto watch =
+      (*client)->Watch("job", [&](const MemberEvent& e) { events.Add(e); });
 
   ASSERT_EQ(server_->Stop(SIGTERM), 0);
   auto restarted = CohortdProcess::Start({"--data_dir=" + dir_.string()}, port);
@@ -299,7 +316,8 @@ TEST_F(CoordinationTest, MembersKeepTheirMembershipAcrossACohortdRestart) {
   ASSERT_EQ(live->size(), 1u);
   EXPECT_EQ((*live)[0].incarnation, incarnation);
   EXPECT_TRUE((*a)->health().ok()) << (*a)->health();
-  EXPECT_FALSE(events.Await(MemberEvent::Type::kFailed, "a", absl::Milliseconds(1)));
+  EXPECT_FALSE(
+      events.Await(MemberEvent::Type::kFailed, "a", absl::Milliseconds(1)));
 }
 
 }  // namespace
