@@ -22,15 +22,6 @@
 namespace cohort::file_store_internal {
 namespace {
 
-#define FUZZ_CHECK(cond)                                                    \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, \
-                   #cond);                                                  \
-      std::abort();                                                         \
-    }                                                                       \
-  } while (0)
-
 std::string EncodeAll(const std::vector<Record>& records) {
   std::string out;
   for (const Record& r : records) {

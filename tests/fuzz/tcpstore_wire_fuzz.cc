@@ -16,18 +16,10 @@
 #include <string>
 
 #include "proto/tcpstore/wire.h"
+#include "tests/fuzz/fuzz_input.h"
 
 namespace cohort::tcpstore {
 namespace {
-
-#define FUZZ_CHECK(cond)                                                    \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, \
-                   #cond);                                                  \
-      std::abort();                                                         \
-    }                                                                       \
-  } while (0)
 
 bool Same(const Request& a, const Request& b) {
   return a.op == b.op && a.key == b.key && a.value == b.value &&
