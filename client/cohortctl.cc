@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "base/signals.h"
 #include "client/remote_store.h"
 
 ABSL_FLAG(std::string, addr, "",
@@ -77,15 +78,37 @@ std::string Address() {
   return addr;
 }
 
-// Blocks SIGINT/SIGTERM in every thread, so `watch` can take them with
-// sigtimedwait. Called before any thread (gRPC's included) starts.
-sigset_t BlockStopSignals() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  return signals;
+// Parses flags, keeping a negative number (`add KEY -5`) as the positional
+// argument the user typed instead of reading it as a flag named "5".
+std::vector<std::string> ParseArgs(int argc, char** argv) {
+  constexpr char kNegative = '\x01';  // Marks a stand-in: no flag starts so.
+  std::vector<std::string> negatives;
+  std::vector<std::string> stand_ins;
+  stand_ins.reserve(argc);  // Pointers into it must stay valid.
+  std::vector<char*> args(argv, argv + argc);
+  for (char*& arg : args) {
+    int64_t number;
+    if (arg[0] == '-' && absl::SimpleAtoi(arg, &number) && number < 0) {
+      stand_ins.push_back(
+          absl::StrCat(std::string(1, kNegative), negatives.size()));
+      negatives.push_back(arg);
+      arg = stand_ins.back().data();
+    }
+  }
+  std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  std::vector<std::string> out;
+  for (size_t i = 1; i < positional.size(); ++i) {
+    size_t index;
+    if (positional[i][0] == kNegative &&
+        absl::SimpleAtoi(positional[i] + 1, &index) &&
+        index < negatives.size()) {
+      out.push_back(negatives[index]);
+    } else {
+      out.push_back(positional[i]);
+    }
+  }
+  return out;
 }
 
 int RunWatch(cohort::Store& store, const std::string& prefix,
@@ -116,18 +139,18 @@ int RunWatch(cohort::Store& store, const std::string& prefix,
 }  // namespace
 
 int main(int argc, char** argv) {
-  const sigset_t stop_signals = BlockStopSignals();
+  // Blocked before any thread (gRPC's included) starts, so `watch` can take
+  // them with sigtimedwait.
+  const sigset_t stop_signals = cohort::base::BlockStopSignals();
   absl::SetProgramUsageMessage(kUsage);
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
-  std::vector<std::string> args(positional.begin() + 1, positional.end());
+  std::vector<std::string> args = ParseArgs(argc, argv);
   if (args.empty()) return Usage("no command given");
   const std::string command = args[0];
   args.erase(args.begin());
 
   cohort::RemoteStoreOptions options;
   options.address = Address();
-  options.connect_timeout =
-      absl::Seconds(absl::GetFlag(FLAGS_connect_timeout));
+  options.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout));
   auto connected = cohort::RemoteStore::Connect(options);
   if (!connected.ok()) return Fail(connected.status());
   cohort::RemoteStore& store = **connected;

@@ -1,8 +1,10 @@
 #include "client/connection.h"
 
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/grpc_status.h"
 #include "grpcpp/create_channel.h"
 
 namespace cohort {
@@ -56,17 +58,16 @@ absl::Status Connection::Explain(absl::string_view what,
                                  int attempts) const {
   std::string message = status.error_message();
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    message = absl::StrCat("cohortd at ", options_.address,
-                           " is unavailable (", attempts,
-                           attempts == 1 ? " attempt" : " attempts",
+    message = absl::StrCat("cohortd at ", options_.address, " is unavailable (",
+                           attempts, attempts == 1 ? " attempt" : " attempts",
                            "): ", message);
   } else if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
              message == "Deadline Exceeded") {
     message = absl::StrCat("no answer from cohortd at ", options_.address,
                            " before the call's deadline");
   }
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(what, ": ", message));
+  return base::FromGrpcStatus(
+      grpc::Status(status.error_code(), std::move(message)), what);
 }
 
 absl::Duration Connection::Backoff(absl::Duration backoff) const {

@@ -20,12 +20,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/file_store_log.h"
-#include "store/key_text.h"
+#include "base/text.h"
 
 namespace cohort {
 
-using store::Quote;
-using store::QuoteList;
+using base::Quote;
+using base::QuoteList;
 
 namespace {
 

@@ -20,7 +20,7 @@
 #include "server/rendezvous.h"
 #include "server/store_service.h"
 #include "server/tcpstore_server.h"
-#include "store/deadline_timer.h"
+#include "base/deadline_timer.h"
 #include "store/kv_store.h"
 
 namespace cohort::server {
@@ -113,9 +113,9 @@ class CohortServer {
   bool serving_ ABSL_GUARDED_BY(health_mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(health_mu_) = false;
   absl::Status last_problem_ ABSL_GUARDED_BY(health_mu_);
-  store::DeadlineTimer::TimerId health_check_ ABSL_GUARDED_BY(health_mu_) = 0;
+  base::DeadlineTimer::TimerId health_check_ ABSL_GUARDED_BY(health_mu_) = 0;
   // Last, so it is destroyed first: its callback uses everything above.
-  store::DeadlineTimer health_timer_;
+  base::DeadlineTimer health_timer_;
 };
 
 }  // namespace cohort::server

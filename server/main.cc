@@ -1,5 +1,7 @@
-// cohortd: the cohort coordinator. Serves cohort.v1.Store (plus
-// grpc.health.v1 and server reflection) over gRPC, backed by RocksDB in
+// cohortd: the cohort coordinator. Serves the KV store, rendezvous and
+// membership (cohort.v1.Store, Rendezvous and Membership, plus
+// grpc.health.v1 and server reflection) over gRPC, and the same keys over
+// PyTorch's TCPStore protocol (--tcpstore_listen). Backed by RocksDB in
 // --data_dir or, with --engine=memory, by nothing durable.
 #include <signal.h>
 #include <sys/resource.h>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "base/signals.h"
 #include "grpc/support/log.h"
 #include "server/cohort_server.h"
 #include "store/kv_engine.h"
@@ -121,11 +124,7 @@ int main(int argc, char** argv) {
 
   // Signals are taken synchronously by sigwait below; block them before any
   // thread starts so every thread inherits the mask.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = cohort::base::BlockStopSignals();
 
   cohort::store::StoreLimits limits;
   limits.max_key_bytes = absl::GetFlag(FLAGS_max_key_bytes);
@@ -194,7 +193,8 @@ int main(int argc, char** argv) {
       host, (*server)->port(), where, keys, revision));
   if ((*server)->tcpstore_port() != 0) {
     const std::string& t = options.tcpstore_listen;
-    Log(absl::StrFormat("serving the TCPStore protocol on %s:%d (PyTorch "
+    Log(
+        absl::StrFormat("serving the TCPStore protocol on %s:%d (PyTorch "
                         "1.13-2.0 and 2.1+ clients)",
                         t.substr(0, t.rfind(':')), (*server)->tcpstore_port()));
   }

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/text.h"
 
 namespace cohort::server {
 namespace {
@@ -24,15 +25,6 @@ absl::Status ValidateId(absl::string_view what, absl::string_view id) {
         what, " '", id, "' must be at most 512 bytes and contain no '/'"));
   }
   return absl::OkStatus();
-}
-
-// The first few of `names`, and how many more there are.
-std::string ListSome(const std::vector<std::string>& names) {
-  constexpr size_t kShown = 16;
-  if (names.size() <= kShown) return absl::StrJoin(names, ", ");
-  return absl::StrCat(
-      absl::StrJoin(names.begin(), names.begin() + kShown, ", "), " and ",
-      names.size() - kShown, " more");
 }
 
 absl::Duration LeaseTimeout(const v1::MemberInfo& info) {
@@ -72,7 +64,8 @@ Membership::Membership(store::KvStore* store, absl::Duration sweep_period)
           !record.ParseFromString(**value)) {
         continue;
       }
-      absl::string_view rest = absl::string_view(key).substr(kGroupsPrefix.size());
+      absl::string_view rest =
+          absl::string_view(key).substr(kGroupsPrefix.size());
       const std::string group(rest.substr(0, rest.find('/')));
       absl::MutexLock lock(&mu_);
       Live& live = groups_[group].members[record.member().name()];
@@ -116,8 +109,8 @@ std::string Membership::Describe(const std::string& group,
     auto m = g->second.members.find(name);
     if (m != g->second.members.end()) {
       const v1::MemberInfo& info = m->second.info;
-      std::string who = info.rank() >= 0 ? absl::StrCat("rank ", info.rank())
-                                         : info.name();
+      std::string who =
+          info.rank() >= 0 ? absl::StrCat("rank ", info.rank()) : info.name();
       if (!info.host().empty()) absl::StrAppend(&who, " (", info.host(), ")");
       return who;
     }
@@ -146,7 +139,8 @@ absl::StatusOr<v1::JoinGroupResponse> Membership::Join(
   if (absl::Status s = ValidateId("member name", req.name()); !s.ok()) return s;
   if (req.heartbeat_interval_ms() < 0 || req.missed_heartbeats() < 0) {
     return absl::InvalidArgumentError(
-        "heartbeat_interval_ms and missed_heartbeats must be >= 0 (0: default)");
+        "heartbeat_interval_ms and missed_heartbeats must be >= 0 (0: "
+        "default)");
   }
   v1::MemberInfo info;
   info.set_name(req.name());
@@ -156,9 +150,8 @@ absl::StatusOr<v1::JoinGroupResponse> Membership::Join(
       req.heartbeat_interval_ms() > 0
           ? req.heartbeat_interval_ms()
           : absl::ToInt64Milliseconds(kDefaultInterval));
-  info.set_missed_heartbeats(req.missed_heartbeats() > 0
-                                 ? req.missed_heartbeats()
-                                 : kDefaultMissed);
+  info.set_missed_heartbeats(
+      req.missed_heartbeats() > 0 ? req.missed_heartbeats() : kDefaultMissed);
   Deferred deferred;
   v1::JoinGroupResponse resp;
   {
@@ -196,8 +189,8 @@ absl::StatusOr<v1::JoinGroupResponse> Membership::Join(
 
 absl::Status Membership::Heartbeat(const v1::HeartbeatRequest& req) {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<Live*> live = FindLocked(req.group(), req.name(),
-                                          req.incarnation());
+  absl::StatusOr<Live*> live =
+      FindLocked(req.group(), req.name(), req.incarnation());
   if (!live.ok()) return live.status();
   (*live)->deadline = absl::Now() + LeaseTimeout((*live)->info);
   return absl::OkStatus();
@@ -288,10 +281,10 @@ void Membership::Sweep() {
 
 Membership::BarrierId Membership::Barrier(const v1::BarrierRequest& req,
                                           BarrierCallback done) {
-  for (auto [what, id] : {std::pair<const char*, const std::string*>{
-                              "group", &req.group()},
-                          {"barrier_id", &req.barrier_id()},
-                          {"member name", &req.name()}}) {
+  for (auto [what, id] :
+       {std::pair<const char*, const std::string*>{"group", &req.group()},
+        {"barrier_id", &req.barrier_id()},
+        {"member name", &req.name()}}) {
     if (absl::Status s = ValidateId(what, *id); !s.ok()) {
       done(s);
       return 0;
@@ -333,7 +326,8 @@ Membership::BarrierId Membership::Barrier(const v1::BarrierRequest& req,
           }
         }
         barrier.timeout = timeout;
-        const std::string group_name = req.group(), barrier_id = req.barrier_id();
+        const std::string group_name = req.group(),
+                          barrier_id = req.barrier_id();
         const int64_t generation = barrier.generation;
         barrier.timer = timer_.Schedule(
             absl::Now() + timeout, [this, group_name, barrier_id, generation] {
@@ -371,20 +365,20 @@ Membership::BarrierId Membership::Barrier(const v1::BarrierRequest& req,
           }
         }
         if (gone != nullptr) {
-          FailBarrierLocked(
-              group, req.barrier_id(),
-              absl::AbortedError(absl::StrCat(
-                  "barrier '", req.barrier_id(), "' aborted: ",
-                  Describe(req.group(), *gone), " is not a live member")),
-              deferred);
+          FailBarrierLocked(group, req.barrier_id(),
+                            absl::AbortedError(absl::StrCat(
+                                "barrier '", req.barrier_id(),
+                                "' aborted: ", Describe(req.group(), *gone),
+                                " is not a live member")),
+                            deferred);
           id = 0;
         } else if (barrier.here.size() == barrier.participants.size()) {
           timer_.Cancel(barrier.timer);
           for (Arrival& a : barrier.arrived) {
-            deferred.push_back([done = std::move(a.done),
-                                generation = barrier.generation] {
-              done(generation);
-            });
+            deferred.push_back(
+                [done = std::move(a.done), generation = barrier.generation] {
+                  done(generation);
+                });
           }
           group.barriers.erase(it);
           id = 0;
@@ -437,7 +431,8 @@ void Membership::FailBarrierLocked(Group& group, const std::string& barrier_id,
   group.barriers.erase(it);
 }
 
-void Membership::AbortBarriersLocked(Group& group, const std::string& group_name,
+void Membership::AbortBarriersLocked(Group& group,
+                                     const std::string& group_name,
                                      const std::string& name,
                                      const std::string& why,
                                      Deferred& deferred) {
@@ -451,8 +446,8 @@ void Membership::AbortBarriersLocked(Group& group, const std::string& group_name
   for (const std::string& barrier_id : affected) {
     FailBarrierLocked(group, barrier_id,
                       absl::AbortedError(absl::StrCat(
-                          "barrier '", barrier_id, "' aborted: ",
-                          Describe(group_name, name), " ", why)),
+                          "barrier '", barrier_id,
+                          "' aborted: ", Describe(group_name, name), " ", why)),
                       deferred);
   }
 }
@@ -481,7 +476,7 @@ void Membership::OnBarrierTimeout(const std::string& group_name,
         absl::DeadlineExceededError(absl::StrCat(
             "barrier '", barrier_id, "' timed out after ",
             absl::FormatDuration(barrier.timeout), ": ", n - missing.size(),
-            "/", n, " arrived; missing: ", ListSome(missing))),
+            "/", n, " arrived; missing: ", base::ListSome(missing))),
         deferred);
   }
   for (auto& fn : deferred) fn();

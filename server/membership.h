@@ -23,7 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cohort/v1/coordination.pb.h"
-#include "store/deadline_timer.h"
+#include "base/deadline_timer.h"
 #include "store/kv_store.h"
 
 namespace cohort::server {
@@ -80,7 +80,7 @@ class Membership {
     std::vector<std::string> participants;  // Sorted.
     std::vector<Arrival> arrived;
     absl::flat_hash_set<std::string> here;  // Names in `arrived`.
-    store::DeadlineTimer::TimerId timer = 0;
+    base::DeadlineTimer::TimerId timer = 0;
     absl::Duration timeout;
   };
   struct Group {
@@ -125,7 +125,7 @@ class Membership {
   absl::Status shutdown_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Last, so it is destroyed first: its callbacks use everything above.
-  store::DeadlineTimer timer_;
+  base::DeadlineTimer timer_;
 };
 
 }  // namespace cohort::server

@@ -16,14 +16,14 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/grpc_status.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/server_callback.h"
 #include "store/kv_store.h"
 
 namespace cohort::server {
 
-// absl::Status and grpc::Status share their codes.
-grpc::Status ToGrpcStatus(const absl::Status& status);
+using base::ToGrpcStatus;
 
 // Finishes a unary call at once with `status` (the non-blocking RPCs).
 inline grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* ctx,
@@ -102,7 +102,8 @@ class EventStream final : public grpc::ServerWriteReactor<Response> {
 
   EventStream(store::KvStore* store, size_t buffer_bytes, Append append)
       : store_(store),
-        state_(std::make_shared<State>(this, buffer_bytes, std::move(append))) {}
+        state_(std::make_shared<State>(this, buffer_bytes, std::move(append))) {
+  }
 
   // Registers the KvStore watch and sends the first message.
   void Start(const std::string& prefix, int64_t from_revision) {

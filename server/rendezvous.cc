@@ -4,7 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "base/text.h"
 
 namespace cohort::server {
 namespace {
@@ -42,22 +42,6 @@ absl::Status ValidateRequest(const v1::JoinRequest& req) {
         "join_timeout_ms and last_call_timeout_ms must be >= 0 (0: default)");
   }
   return absl::OkStatus();
-}
-
-// The first few node ids, and how many more there are.
-template <typename T>
-std::string NodeList(const std::map<std::string, T>& nodes) {
-  constexpr size_t kShown = 16;
-  std::vector<std::string> ids;
-  for (const auto& [id, _] : nodes) {
-    if (ids.size() == kShown) break;
-    ids.push_back(id);
-  }
-  std::string out = absl::StrJoin(ids, ", ");
-  if (nodes.size() > kShown) {
-    absl::StrAppend(&out, " and ", nodes.size() - kShown, " more");
-  }
-  return out;
 }
 
 }  // namespace
@@ -271,7 +255,10 @@ void Rendezvous::OnJoinTimeout(const std::string& run_id,
         "rendezvous of run '", run_id, "' round ", CollectingRound(run),
         " timed out after ", absl::FormatDuration(pending->second.timeout),
         ": ", run.collecting.size(), " of min_nodes=", run.record.min_nodes(),
-        " nodes arrived (", NodeList(run.collecting), ")"));
+        " nodes arrived (",
+        base::FirstFew(run.collecting.begin(), run.collecting.end(), 16,
+                       [](const auto& node) { return node.first; }),
+        ")"));
     done = std::move(pending->second.done);
     run.collecting.erase(pending);
     if (static_cast<int>(run.collecting.size()) < run.record.min_nodes() &&

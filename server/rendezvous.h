@@ -21,7 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cohort/v1/coordination.pb.h"
-#include "store/deadline_timer.h"
+#include "base/deadline_timer.h"
 #include "store/kv_store.h"
 
 namespace cohort::server {
@@ -62,14 +62,14 @@ class Rendezvous {
     JoinId id = 0;
     v1::Participant node;
     JoinCallback done;
-    store::DeadlineTimer::TimerId timer = 0;
+    base::DeadlineTimer::TimerId timer = 0;
     absl::Duration timeout;
   };
   struct Run {
     v1::RunState record;  // The persisted part: config and last round.
     bool has_completed = false;
     std::map<std::string, Pending> collecting;  // By node id: rank order.
-    store::DeadlineTimer::TimerId last_call = 0;
+    base::DeadlineTimer::TimerId last_call = 0;
   };
   using Deferred = std::vector<std::function<void()>>;
 
@@ -89,7 +89,7 @@ class Rendezvous {
   JoinId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status shutdown_ ABSL_GUARDED_BY(mu_);
   // Last, so it is destroyed first: its callbacks use everything above.
-  store::DeadlineTimer timer_;
+  base::DeadlineTimer timer_;
 };
 
 }  // namespace cohort::server

@@ -8,16 +8,19 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "store/key_text.h"
+#include "base/text.h"
 
 namespace cohort::store {
+
+using base::Quote;
+using base::QuoteList;
 
 struct KvStore::Waiter {
   WaitId id = 0;
   std::vector<std::string> keys;
   bool read_values = false;
   ReadCallback done;
-  DeadlineTimer::TimerId timer = 0;
+  base::DeadlineTimer::TimerId timer = 0;
   absl::Duration timeout;
   // Keys not yet seen; the waiter is indexed under each of them.
   size_t missing = 0;

@@ -29,7 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "store/deadline_timer.h"
+#include "base/deadline_timer.h"
 #include "store/kv_engine.h"
 
 namespace cohort::store {
@@ -266,7 +266,7 @@ class KvStore {
   int64_t compacted_revision_ ABSL_GUARDED_BY(mu_) = 0;
   // Last, so it is destroyed (and its thread joined) first: its callbacks
   // use everything above.
-  DeadlineTimer timer_;
+  base::DeadlineTimer timer_;
 };
 
 }  // namespace cohort::store

@@ -3,15 +3,15 @@
 // DeadlineTimer alive in the process shares that thread (the store's,
 // membership's and rendezvous's timeouts): it starts with the first and is
 // joined with the last, so a process with no timers has no timer thread.
-#ifndef COHORT_STORE_DEADLINE_TIMER_H_
-#define COHORT_STORE_DEADLINE_TIMER_H_
+#ifndef COHORT_BASE_DEADLINE_TIMER_H_
+#define COHORT_BASE_DEADLINE_TIMER_H_
 
 #include <cstdint>
 #include <functional>
 
 #include "absl/time/time.h"
 
-namespace cohort::store {
+namespace cohort::base {
 
 class DeadlineTimer {
  public:
@@ -40,6 +40,6 @@ class DeadlineTimer {
   Shared* shared_;
 };
 
-}  // namespace cohort::store
+}  // namespace cohort::base
 
-#endif  // COHORT_STORE_DEADLINE_TIMER_H_
+#endif  // COHORT_BASE_DEADLINE_TIMER_H_

@@ -1,4 +1,4 @@
-#include "store/deadline_timer.h"
+#include "base/deadline_timer.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -9,7 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
-namespace cohort::store {
+namespace cohort::base {
 namespace {
 
 TEST(DeadlineTimerTest, RunsInDeadlineOrder) {
@@ -90,4 +90,4 @@ TEST(DeadlineTimerTest, TimersShareOneThreadThatEndsWithTheLast) {
 }
 
 }  // namespace
-}  // namespace cohort::store
+}  // namespace cohort::base

@@ -1,4 +1,4 @@
-#include "store/deadline_timer.h"
+#include "base/deadline_timer.h"
 
 #include <map>
 #include <thread>
@@ -9,7 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 
-namespace cohort::store {
+namespace cohort::base {
 
 // The shared timer thread and the callbacks of every DeadlineTimer, by time.
 struct DeadlineTimer::Shared {
@@ -143,4 +143,4 @@ bool DeadlineTimer::Cancel(TimerId id) {
   return true;
 }
 
-}  // namespace cohort::store
+}  // namespace cohort::base

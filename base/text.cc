@@ -1,0 +1,24 @@
+#include "base/text.h"
+
+#include "absl/strings/escaping.h"
+
+namespace cohort::base {
+
+std::string Quote(absl::string_view key) {
+  constexpr size_t kMax = 64;
+  std::string out = absl::CHexEscape(key.substr(0, kMax));
+  if (key.size() > kMax) absl::StrAppend(&out, "...");
+  return absl::StrCat("\"", out, "\"");
+}
+
+std::string ListSome(const std::vector<std::string>& names) {
+  return FirstFew(
+      names.begin(), names.end(), 16,
+      [](const std::string& name) -> const std::string& { return name; });
+}
+
+std::string QuoteList(const std::vector<absl::string_view>& keys) {
+  return FirstFew(keys.begin(), keys.end(), 8, Quote);
+}
+
+}  // namespace cohort::base
