@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "proto/c10d/rules.h"
 
 namespace cohort::tcpstore {
 
@@ -74,11 +75,10 @@ enum class WaitReply : uint8_t { kStopWaiting = 0, kWaitCanceled = 1 };
 std::optional<Dialect> DetectDialect(absl::string_view first_bytes);
 
 // Sizes a request may have; anything larger is refused before it is
-// buffered, so a bad length prefix costs no memory.
-struct Limits {
-  size_t max_key_bytes = 4096;
-  size_t max_value_bytes = 8 << 20;
-  size_t max_keys_per_call = 128 << 10;
+// buffered, so a bad length prefix costs no memory. Keys, values and keys
+// per request are c10d's limits (proto/c10d/rules.h), the ones the store
+// behind the protocol enforces.
+struct Limits : c10d::Limits {
   // The most bytes one request may take on the wire (a MULTI_SET of many
   // values, say).
   size_t max_request_bytes = 64 << 20;
