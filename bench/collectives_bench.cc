@@ -47,7 +47,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/file_store.h"
-#include "worker/gloo_process_group.h"
+#include "worker/collective/gloo/gloo_process_group.h"
 
 ABSL_FLAG(int, world, 2, "ranks (forked processes on this machine)");
 ABSL_FLAG(std::string, ops,

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """PyTorch's side of bench/train_bench.sh: the same model, batch and optimizer
-as worker/examples/train's defaults (MLP 64-512-512-512-16, ReLU, MSE, global
-batch 128, SGD lr 0.05 momentum 0.9) at world 2 on Gloo (CPU), one thread per
-rank, in two modes: compute_only (no communication) and ddp
+as worker/parallel/examples/train's defaults (MLP 64-512-512-512-16, ReLU,
+MSE, global batch 128, SGD lr 0.05 momentum 0.9) at world 2 on Gloo (CPU), one
+thread per rank, in two modes: compute_only (no communication) and ddp
 (DistributedDataParallel, bucket_cap_mb 25). Prints the median ms/step of
 each over ROUNDS rounds of STEPS steps.
 Usage: /usr/bin/python3 bench/torch_ddp_bench.py [rounds] [steps]"""

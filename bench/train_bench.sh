@@ -37,8 +37,9 @@ for round in $(seq "$ROUNDS"); do
     [[ $m == ddp_no_overlap ]] && args=(--mode=ddp --overlap=false)
     [[ $m == ddp_unverified ]] && args=(--mode=ddp --verify_ops=false)
     run=$((run + 1))
-    worker/cohortrun --coordinator="$ADDR" --run-id="bench-$run" --nnodes=1:1 \
-      --nproc-per-node="$NPROC" -- worker/examples/train "${args[@]}" --steps="$STEPS" \
+    worker/launch/cohortrun --coordinator="$ADDR" --run-id="bench-$run" \
+      --nnodes=1:1 --nproc-per-node="$NPROC" -- \
+      worker/parallel/examples/train "${args[@]}" --steps="$STEPS" \
       --log_every=1000000 "$@" >"$TMP/out" 2>"$TMP/err" ||
       { echo "$m failed:"; cat "$TMP/err"; exit 1; }
     line=$(grep param_checksum "$TMP/out")

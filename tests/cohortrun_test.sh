@@ -5,7 +5,7 @@
 set -uo pipefail
 
 COHORTD=server/cohortd
-RUN=worker/cohortrun
+RUN=worker/launch/cohortrun
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
@@ -72,7 +72,7 @@ grep -q "rank 3 .*exit code 3" "$TMP"/always.err.* || fail "no message naming ra
 
 # 4. A C++ worker initialising its process group from env:// (Gloo over
 #    loopback): the four ranks of two nodes sum 1..4.
-two_nodes gloo --nnodes=2:2 --nproc-per-node=2 -- worker/examples/allreduce
+two_nodes gloo --nnodes=2:2 --nproc-per-node=2 -- worker/collective/examples/allreduce
 for n in a b; do
   [[ $(cat "$TMP/gloo.rc.$n") == 0 ]] || fail "allreduce node $n exited $(cat "$TMP/gloo.rc.$n"): $(cat "$TMP/gloo.err.$n")"
 done

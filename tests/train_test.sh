@@ -6,8 +6,8 @@
 set -uo pipefail
 
 COHORTD=server/cohortd
-RUN=worker/cohortrun
-TRAIN=worker/examples/train
+RUN=worker/launch/cohortrun
+TRAIN=worker/parallel/examples/train
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }

@@ -44,11 +44,11 @@ tsan_targets=(
   //server:tcpstore_server_test
   //tests:remote_store_test
   //client:file_store_test
-  //worker:process_group_test
-  //worker:gloo_process_group_test
-  //worker:gloo_store_test
-  //worker:ddp_test
-  //worker:fsdp_test
+  //worker/collective:process_group_test
+  //worker/collective/gloo:gloo_process_group_test
+  //worker/collective/gloo:gloo_store_test
+  //worker/parallel:ddp_test
+  //worker/parallel:fsdp_test
 )
 # gRPC's completion queue is not instrumented: under eight clients' load
 # TSan cannot always recover the stack of gRPC's own write to a callback

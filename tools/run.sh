@@ -8,9 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
 bazel build --noshow_progress --ui_event_filters=-info \
-  //server:cohortd //worker:cohortrun //worker/examples:train //client:cohortctl
+  //server:cohortd //worker/launch:cohortrun //worker/parallel/examples:train \
+  //client:cohortctl
 bin=bazel-bin
-for b in server/cohortd worker/cohortrun worker/examples/train; do
+for b in server/cohortd worker/launch/cohortrun worker/parallel/examples/train; do
   [[ -x $bin/$b ]] || { echo "run.sh: $bin/$b was not built" >&2; exit 1; }
 done
 
@@ -46,9 +47,9 @@ for mode in ddp fsdp; do
   echo
   echo "== cohortrun: 2 workers, --mode=$mode"
   out="$data_dir/train-$mode.log"
-  if ! "$bin/worker/cohortrun" --coordinator="$addr" --run-id="demo-$mode-$$" \
+  if ! "$bin/worker/launch/cohortrun" --coordinator="$addr" --run-id="demo-$mode-$$" \
     --nnodes=1:1 --nproc-per-node=2 -- \
-    "$bin/worker/examples/train" --mode="$mode" --steps=200 --log_every=20 "$@" \
+    "$bin/worker/parallel/examples/train" --mode="$mode" --steps=200 --log_every=20 "$@" \
     2>&1 | tee "$out"; then
     echo "run.sh: the $mode job failed (its output is in $out)" >&2
     exit 1

@@ -1,0 +1,386 @@
+#include "worker/collective/gloo/gloo_ring.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gloo/common/error.h"
+#include "gloo/transport/unbound_buffer.h"
+#include "worker/collective/reduce.h"
+
+namespace cohort {
+namespace {
+
+using gloo::transport::UnboundBuffer;
+
+// Blocks travel in segments of at most this many bytes: small enough that
+// reducing one segment overlaps receiving the next, large enough that the
+// per-message cost (a notification each way, a wake-up) stays small. On
+// the 2-core development VM, 2 MiB beat 128 KiB, 512 KiB and 8 MiB for 4
+// and 64 MiB all-reduces and reduce-scatters of 2 ranks (bench/README.md).
+constexpr size_t kSegmentBytes = 2 << 20;
+
+void WaitRecv(UnboundBuffer& buffer, std::chrono::milliseconds timeout,
+              const char* what) {
+  if (!buffer.waitRecv(timeout)) {
+    throw gloo::IoException(std::string(what) + ": receive aborted");
+  }
+}
+
+void WaitSend(UnboundBuffer& buffer, std::chrono::milliseconds timeout,
+              const char* what) {
+  if (!buffer.waitSend(timeout)) {
+    throw gloo::IoException(std::string(what) + ": send aborted");
+  }
+}
+
+// How a ring cuts a buffer of `count` elements into context.size blocks
+// and each block into segments, the same on every rank. Block b is
+// elements [b * block_count, ...) (the last blocks may be short or empty);
+// every block has `segments` segments of `segment_count` elements (the last
+// ones short or empty).
+struct RingLayout {
+  RingLayout(size_t count, size_t block_count, size_t element_bytes, int steps)
+      : count(count), block_count(block_count) {
+    segment_count = std::max<size_t>(1, kSegmentBytes / element_bytes);
+    // Slots hold step * segments + segment in 24 bits.
+    const size_t max_segments = (size_t{1} << 24) / (steps + 1);
+    if ((block_count + segment_count - 1) / segment_count > max_segments) {
+      segment_count = (block_count + max_segments - 1) / max_segments;
+    }
+    segments =
+        std::max<size_t>(1, (block_count + segment_count - 1) / segment_count);
+  }
+
+  // First element and length of segment k of block b.
+  size_t Begin(int b, size_t k) const {
+    const size_t block_begin = std::min(count, b * block_count);
+    const size_t block_end = std::min(count, block_begin + block_count);
+    return std::min(block_end, block_begin + k * segment_count);
+  }
+  size_t Length(int b, size_t k) const {
+    const size_t block_begin = std::min(count, b * block_count);
+    const size_t block_end = std::min(count, block_begin + block_count);
+    return std::min(block_end, Begin(b, k) + segment_count) - Begin(b, k);
+  }
+  // Offset of segment k inside a scratch block.
+  size_t ScratchBegin(size_t k) const { return k * segment_count; }
+
+  size_t count;
+  size_t block_count;
+  size_t segment_count;
+  size_t segments;
+};
+
+int Mod(int a, int n) { return ((a % n) + n) % n; }
+
+// Scratch memory for the calling thread, reused from op to op: a fresh
+// allocation of a large block costs a page fault per 4 KiB on first touch,
+// which took 40 % of a 64 MiB reduce-scatter's time here. Ops run on a
+// group's few long-lived threads, so this holds at most kBlocks blocks of
+// up to kMaxKeptBytes per thread; larger ones are freed after use.
+class Scratch {
+ public:
+  static constexpr int kBlocks = 4;
+  static constexpr size_t kMaxKeptBytes = 32 << 20;
+
+  // Blocks [0, blocks) of `bytes` each; their contents are unspecified.
+  Scratch(size_t bytes, int blocks) : bytes_(bytes), blocks_(blocks) {
+    for (int i = 0; i < blocks_; ++i) {
+      if (Blocks()[i].size() < bytes) Blocks()[i].resize(bytes);
+    }
+  }
+  ~Scratch() {
+    if (bytes_ > kMaxKeptBytes) {
+      for (int i = 0; i < blocks_; ++i) std::vector<char>().swap(Blocks()[i]);
+    }
+  }
+  char* operator[](int i) { return Blocks()[i].data(); }
+
+ private:
+  static std::vector<char>* Blocks() {
+    thread_local std::vector<char> blocks[kBlocks];
+    return blocks;
+  }
+  const size_t bytes_;
+  const int blocks_;
+};
+
+}  // namespace
+
+uint64_t MakeSlot(uint8_t prefix, uint32_t tag, uint32_t step) {
+  return (static_cast<uint64_t>(prefix) << 56) |
+         (static_cast<uint64_t>(tag) << 24) | (step & 0xffffff);
+}
+
+// Step s (of size - 1) sends block (rank - 1 - s) to the next rank and
+// receives block (rank - 2 - s) from the previous one, folding in this
+// rank's share of it. Each block travels size - 1 hops, picking up one
+// share per hop, and the last block received is this rank's own, complete.
+// A segment received at step s is forwarded at step s + 1 as soon as it is
+// reduced, out of one of two accumulators (by step parity).
+void RingReduceScatter(gloo::Context& context, const void* input, void* output,
+                       size_t block_count, Dtype dtype, ReduceOp op,
+                       uint32_t tag, std::chrono::milliseconds timeout) {
+  constexpr char kWhat[] = "ring reduce-scatter";
+  const int rank = context.rank;
+  const int size = context.size;
+  const size_t esize = DtypeSize(dtype);
+  const size_t block_bytes = block_count * esize;
+  const char* const in = static_cast<const char*>(input);
+  char* const out = static_cast<char*>(output);
+  if (block_count == 0) return;
+  if (size == 1) {
+    std::memmove(out, in, block_bytes);
+    return;
+  }
+  const int steps = size - 1;
+  const RingLayout layout(block_count * size, block_count, esize, steps);
+  const int next = (rank + 1) % size;
+  const int prev = (rank + size - 1) % size;
+  // gloo only reads a buffer it sends from.
+  char* const readable = const_cast<char*>(in);
+
+  // Received segments land in scratch blocks 0 and 1 (by step parity);
+  // with more than two ranks, running sums that go on to the next rank in
+  // blocks 2 and 3.
+  const int parities = std::min(steps, 2);
+  Scratch memory(block_bytes, steps > 1 ? 4 : parities);
+  std::vector<std::unique_ptr<UnboundBuffer>> scratch[2];
+  std::vector<std::unique_ptr<UnboundBuffer>> acc[2];
+  std::vector<bool> acc_sending[2];
+  for (int p = 0; p < parities; ++p) {
+    for (size_t k = 0; k < layout.segments; ++k) {
+      const size_t at = layout.ScratchBegin(k) * esize;
+      const size_t bytes = layout.Length(rank, k) * esize;
+      const size_t room = std::max<size_t>(bytes, 1);
+      scratch[p].push_back(
+          at < block_bytes ? context.createUnboundBuffer(memory[p] + at, room)
+                           : nullptr);
+      acc[p].push_back(
+          steps > 1 && at < block_bytes
+              ? context.createUnboundBuffer(memory[2 + p] + at, room)
+              : nullptr);
+    }
+    acc_sending[p].assign(layout.segments, false);
+  }
+  // Step 0 sends straight from the input.
+  std::vector<std::unique_ptr<UnboundBuffer>> first_sends;
+  auto post_recvs = [&](int s) {
+    const int b = Mod(rank - 2 - s, size);
+    for (size_t k = 0; k < layout.segments; ++k) {
+      const size_t n = layout.Length(b, k);
+      if (n == 0) continue;
+      scratch[s % 2][k]->recv(
+          prev,
+          MakeSlot(kRingReduceScatterSlotPrefix, tag, s * layout.segments + k),
+          0, n * esize);
+    }
+  };
+  post_recvs(0);
+  {
+    const int b = Mod(rank - 1, size);
+    for (size_t k = 0; k < layout.segments; ++k) {
+      const size_t n = layout.Length(b, k);
+      if (n == 0) continue;
+      first_sends.push_back(context.createUnboundBuffer(
+          readable + layout.Begin(b, k) * esize, n * esize));
+      first_sends.back()->send(
+          next, MakeSlot(kRingReduceScatterSlotPrefix, tag, k), 0, n * esize);
+    }
+  }
+  for (int s = 0; s < steps; ++s) {
+    if (s + 1 < steps) post_recvs(s + 1);
+    const int b = Mod(rank - 2 - s, size);
+    const bool last = s == steps - 1;
+    for (size_t k = 0; k < layout.segments; ++k) {
+      const size_t n = layout.Length(b, k);
+      if (n == 0) continue;
+      WaitRecv(*scratch[s % 2][k], timeout, kWhat);
+      const size_t in_at = layout.Begin(b, k) * esize;
+      const size_t at = layout.ScratchBegin(k) * esize;
+      char* dst;
+      if (last) {
+        dst = out + at;
+      } else {
+        // This accumulator was sent two steps ago; its bytes must be out
+        // before they are overwritten.
+        if (acc_sending[s % 2][k]) {
+          WaitSend(*acc[s % 2][k], timeout, kWhat);
+          acc_sending[s % 2][k] = false;
+        }
+        dst = memory[2 + s % 2] + at;
+      }
+      Combine(dtype, op, dst, in + in_at, memory[s % 2] + at, n);
+      if (!last) {
+        acc[s % 2][k]->send(next,
+                            MakeSlot(kRingReduceScatterSlotPrefix, tag,
+                                     (s + 1) * layout.segments + k),
+                            0, n * esize);
+        acc_sending[s % 2][k] = true;
+      }
+    }
+  }
+  for (auto& send : first_sends) WaitSend(*send, timeout, kWhat);
+  for (int p = 0; p < 2; ++p) {
+    for (size_t k = 0; k < acc_sending[p].size(); ++k) {
+      if (acc_sending[p][k]) WaitSend(*acc[p][k], timeout, kWhat);
+    }
+  }
+}
+
+// Steps 0 .. size - 2 are the reduce-scatter above, in place; steps
+// size - 1 .. 2 size - 3 the all-gather. Both use one rule: step s sends
+// block (rank - 1 - s) and receives block (rank - 2 - s), so the block
+// received at step s is the one sent at step s + 1, segment by segment.
+void RingAllReduce(gloo::Context& context, void* data, size_t count,
+                   Dtype dtype, ReduceOp op, uint32_t tag,
+                   std::chrono::milliseconds timeout) {
+  constexpr char kWhat[] = "ring all-reduce";
+  const int rank = context.rank;
+  const int size = context.size;
+  if (size == 1 || count == 0) return;
+  const size_t esize = DtypeSize(dtype);
+  const size_t block_count = (count + size - 1) / size;
+  const int steps = 2 * (size - 1);
+  const int reduce_steps = size - 1;
+  const RingLayout layout(count, block_count, esize, steps);
+  const int next = (rank + 1) % size;
+  const int prev = (rank + size - 1) % size;
+  char* const base = static_cast<char*>(data);
+
+  // One unbound buffer per (block, segment) of the data, and per segment of
+  // the two scratch blocks that reduce-scatter steps receive into: waiting
+  // on a buffer then waits for exactly that segment, whatever order the
+  // segments arrive in.
+  std::vector<std::unique_ptr<UnboundBuffer>> region(size * layout.segments);
+  for (int b = 0; b < size; ++b) {
+    for (size_t k = 0; k < layout.segments; ++k) {
+      const size_t n = layout.Length(b, k);
+      if (n == 0) continue;
+      region[b * layout.segments + k] = context.createUnboundBuffer(
+          base + layout.Begin(b, k) * esize, n * esize);
+    }
+  }
+  const size_t block_bytes = block_count * esize;
+  const int parities = std::min(reduce_steps, 2);
+  Scratch scratch_memory(block_bytes, parities);
+  std::vector<std::unique_ptr<UnboundBuffer>> scratch[2];
+  for (int p = 0; p < parities; ++p) {
+    scratch[p].resize(layout.segments);
+    for (size_t k = 0; k < layout.segments; ++k) {
+      const size_t at = layout.ScratchBegin(k) * esize;
+      if (at >= block_bytes) continue;
+      scratch[p][k] = context.createUnboundBuffer(
+          scratch_memory[p] + at,
+          std::min(block_bytes - at, layout.segment_count * esize));
+    }
+  }
+  auto slot = [&](int s, size_t k) {
+    return MakeSlot(kRingAllReduceSlotPrefix, tag, s * layout.segments + k);
+  };
+  std::vector<UnboundBuffer*> sent;
+  auto send = [&](int s, size_t k) {
+    const int b = Mod(rank - 1 - s, size);
+    const size_t n = layout.Length(b, k);
+    if (n == 0) return;
+    UnboundBuffer* buffer = region[b * layout.segments + k].get();
+    buffer->send(next, slot(s, k), 0, n * esize);
+    sent.push_back(buffer);
+  };
+  auto recv_buffer = [&](int s, size_t k) -> UnboundBuffer* {
+    const int b = Mod(rank - 2 - s, size);
+    if (s < reduce_steps) return scratch[s % 2][k].get();
+    return region[b * layout.segments + k].get();
+  };
+  auto post_recvs = [&](int s) {
+    const int b = Mod(rank - 2 - s, size);
+    for (size_t k = 0; k < layout.segments; ++k) {
+      const size_t n = layout.Length(b, k);
+      if (n == 0) continue;
+      recv_buffer(s, k)->recv(prev, slot(s, k), 0, n * esize);
+    }
+  };
+  post_recvs(0);
+  for (size_t k = 0; k < layout.segments; ++k) send(0, k);
+  for (int s = 0; s < steps; ++s) {
+    if (s + 1 < steps) post_recvs(s + 1);
+    const int b = Mod(rank - 2 - s, size);
+    for (size_t k = 0; k < layout.segments; ++k) {
+      const size_t n = layout.Length(b, k);
+      if (n == 0) continue;
+      WaitRecv(*recv_buffer(s, k), timeout, kWhat);
+      if (s < reduce_steps) {
+        char* mine = base + layout.Begin(b, k) * esize;
+        Combine(dtype, op, mine, mine,
+                scratch_memory[s % 2] + layout.ScratchBegin(k) * esize, n);
+      }
+      if (s + 1 < steps) send(s + 1, k);
+    }
+  }
+  for (UnboundBuffer* buffer : sent) WaitSend(*buffer, timeout, kWhat);
+}
+
+void DirectAllReduce(gloo::Context& context, void* data, size_t count,
+                     Dtype dtype, ReduceOp op, uint32_t tag,
+                     std::chrono::milliseconds timeout) {
+  constexpr char kWhat[] = "direct all-reduce";
+  const int rank = context.rank;
+  const int size = context.size;
+  if (size == 1 || count == 0) return;
+  const size_t bytes = count * DtypeSize(dtype);
+  char* const mine = static_cast<char*>(data);
+  // Every rank's buffer by rank; this rank's own slot holds a copy of its
+  // buffer only where the reduction below would read it after overwriting
+  // it (ranks past 1).
+  std::vector<char> all(bytes * size);
+  std::unique_ptr<UnboundBuffer> recv_buffer =
+      context.createUnboundBuffer(all.data(), all.size());
+  std::unique_ptr<UnboundBuffer> send_buffer =
+      context.createUnboundBuffer(mine, bytes);
+  const uint64_t slot = MakeSlot(kDirectAllReduceSlotPrefix, tag, 0);
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) recv_buffer->recv(r, slot, r * bytes, bytes);
+  }
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) send_buffer->send(r, slot, 0, bytes);
+  }
+  if (rank > 1) std::memcpy(all.data() + rank * bytes, mine, bytes);
+  for (int r = 1; r < size; ++r) WaitRecv(*recv_buffer, timeout, kWhat);
+  for (int r = 1; r < size; ++r) WaitSend(*send_buffer, timeout, kWhat);
+  // In rank order on every rank, so every rank gets the same bits.
+  auto source = [&](int r) -> const char* {
+    return r == rank && rank <= 1 ? mine : all.data() + r * bytes;
+  };
+  Combine(dtype, op, mine, source(0), source(1), count);
+  for (int r = 2; r < size; ++r) {
+    Combine(dtype, op, mine, mine, source(r), count);
+  }
+}
+
+void DirectAllGather(gloo::Context& context, const void* input, size_t bytes,
+                     void* output, uint32_t tag,
+                     std::chrono::milliseconds timeout) {
+  constexpr char kWhat[] = "direct all-gather";
+  const int rank = context.rank;
+  const int size = context.size;
+  char* const out = static_cast<char*>(output);
+  if (bytes == 0) return;
+  std::memmove(out + rank * bytes, input, bytes);
+  if (size == 1) return;
+  std::unique_ptr<UnboundBuffer> buffer =
+      context.createUnboundBuffer(out, bytes * size);
+  const uint64_t slot = MakeSlot(kDirectAllGatherSlotPrefix, tag, 0);
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) buffer->recv(r, slot, r * bytes, bytes);
+  }
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) buffer->send(r, slot, rank * bytes, bytes);
+  }
+  for (int r = 1; r < size; ++r) WaitRecv(*buffer, timeout, kWhat);
+  for (int r = 1; r < size; ++r) WaitSend(*buffer, timeout, kWhat);
+}
+
+}  // namespace cohort

@@ -1,0 +1,62 @@
+// InitProcessGroup: how a worker joins its job's process group, as
+// torch.distributed.init_process_group does.
+//
+//   // Under cohortrun (RANK, WORLD_SIZE, COHORT_ADDR, COHORT_STORE_PREFIX
+//   set): auto pg = cohort::InitProcessGroup("gloo", "env://");
+//   // Anywhere else:
+//   auto pg = cohort::InitProcessGroup("gloo", "cohort://cohortd:29500/job42",
+//                                      rank, world_size);
+//   auto pg = cohort::InitProcessGroup("gloo", "file:///shared/job42", rank,
+//                                      world_size);
+//   // A PyTorch TCPStore server (e.g. torchrun's, on MASTER_PORT):
+//   auto pg = cohort::InitProcessGroup("gloo", "tcpstore://10.0.0.1:29500",
+//                                      rank, world_size);
+#ifndef COHORT_WORKER_COLLECTIVE_INIT_H_
+#define COHORT_WORKER_COLLECTIVE_INIT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "worker/collective/process_group.h"
+
+namespace cohort {
+
+struct InitOptions {
+  ProcessGroupOptions group;
+  // Where this rank listens for its peers (see GlooOptions).
+  std::string bind_address;
+  std::string interface;
+};
+
+// Creates this rank's process group of `backend` ("gloo") and connects it
+// to the other ranks, bootstrapping through the store `init_method` names:
+//   env://                  RANK and WORLD_SIZE (unless given), cohortd at
+//                           COHORT_ADDR or else MASTER_ADDR:MASTER_PORT, keys
+//                           under COHORT_STORE_PREFIX if set (cohortrun sets
+//                           all of these, with a prefix unique to the round)
+//   cohort://HOST:PORT[/P]  cohortd at HOST:PORT, keys under P (default
+//   tcp://HOST:PORT[/P]     "cohort"); rank and world_size are required
+//   tcpstore://HOST:PORT[/P][?dialect=D]
+//                           a PyTorch TCPStore server (any release), or
+//                           cohortd's --tcpstore_listen port, through
+//                           TcpStoreClient with key_prefix "/" (so torch
+//                           clients see the keys as "P/..."); keys under P
+//                           (default "cohort"). D: probe (the default:
+//                           1.13 if the server answers a 1.13 query, else
+//                           2.1; cohortd answers as 1.13), 1.13 or 2.1
+//   file:///PATH            a FileStore at PATH: no coordinator at all; the
+//                           file is removed once every rank is done with it
+// Ranks of one job call it with the same init_method; a job that creates
+// its group again (after a failure) gets fresh keys. Blocks until every rank
+// has arrived or options.group.timeout passes (DEADLINE_EXCEEDED naming the
+// missing ranks' keys). INVALID_ARGUMENT, naming what is wrong, for an
+// unknown backend or scheme, a missing variable, or a bad rank or size.
+absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
+    absl::string_view backend, absl::string_view init_method, int rank = -1,
+    int world_size = -1, const InitOptions& options = {});
+
+}  // namespace cohort
+
+#endif  // COHORT_WORKER_COLLECTIVE_INIT_H_

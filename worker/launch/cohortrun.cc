@@ -1,0 +1,172 @@
+// cohortrun: starts a node's worker processes for a distributed job, the
+// torchrun of cohort. The logic is in worker/launch/launcher.h; this file
+// reads the command line and hands signals to the launcher.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/membership_client.h"
+#include "client/rendezvous_client.h"
+#include "worker/launch/launcher.h"
+
+ABSL_FLAG(std::string, coordinator, "",
+          "cohortd HOST:PORT; default $COHORT_ADDR, else localhost:29500");
+ABSL_FLAG(std::string, run_id, "", "the job's id, the same on every node");
+ABSL_FLAG(std::string, nnodes, "1",
+          "nodes in the job: N, or MIN:MAX for an elastic job");
+ABSL_FLAG(int, nproc_per_node, 1, "worker processes on this node");
+ABSL_FLAG(int, max_restarts, 0,
+          "restarts after a worker or node failure before giving up");
+ABSL_FLAG(bool, tee, false,
+          "prefix each line the workers write with \"[rank N] \"");
+ABSL_FLAG(std::string, node_id, "",
+          "this node's id in the job (node ranks follow their order); "
+          "default <hostname>-<pid>");
+ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(5),
+          "heartbeat interval of this node's group membership; peers declare "
+          "it failed after 3 missed heartbeats");
+ABSL_FLAG(absl::Duration, stop_grace, absl::Seconds(5),
+          "time workers get between SIGTERM and SIGKILL");
+ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(600),
+          "how long a rendezvous round may wait for MIN nodes");
+ABSL_FLAG(absl::Duration, last_call_timeout, absl::Seconds(30),
+          "once MIN nodes have joined, how long a round waits for more");
+ABSL_FLAG(absl::Duration, exit_barrier_timeout, absl::Seconds(300),
+          "how long a node whose workers succeeded waits for its peers");
+
+namespace {
+
+constexpr char kUsage[] =
+    R"(cohortrun --run-id=ID [--coordinator=HOST:PORT] [--nnodes=MIN:MAX]
+          [--nproc-per-node=K] [--max-restarts=R] [--tee] [--node-id=NAME]
+          -- PROGRAM ARGS...
+
+Joins run ID on cohortd as one node and runs K copies of PROGRAM with RANK,
+LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT, COHORT_ADDR, COHORT_RUN_ID, COHORT_ROUND,
+COHORT_STORE_PREFIX and COHORT_RESTART_COUNT set. When a worker or a node
+fails, every node stops its workers and starts them again in a new round, up
+to R times. Exits 0 when all of this node's workers exited 0.
+Flags may be written with '-' or '_' (--nproc-per-node, --nproc_per_node).)";
+
+int Usage(const std::string& problem) {
+  std::fprintf(stderr, "cohortrun: %s\n\n%s\n", problem.c_str(), kUsage);
+  return 2;
+}
+
+// torchrun's flags are spelled with dashes; Abseil's cannot be. Rewrites
+// the names (not the values) of the flags before "--".
+std::vector<std::string> DashesToUnderscores(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& arg = args[i];
+    if (arg == "--") break;
+    if (!absl::StartsWith(arg, "-")) continue;
+    size_t name_start = arg.find_first_not_of('-');
+    size_t name_end = std::min(arg.find('='), arg.size());
+    for (size_t c = name_start; c < name_end; ++c) {
+      if (arg[c] == '-') arg[c] = '_';
+    }
+  }
+  return args;
+}
+
+// Blocks SIGINT/SIGTERM in every thread, so that one thread can take them
+// with sigtimedwait and hand them to the launcher. Called before any thread
+// (gRPC's included) starts; workers unblock them before exec.
+sigset_t BlockStopSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const sigset_t stop_signals = BlockStopSignals();
+  // A closed stdout must not kill the launcher of running workers.
+  signal(SIGPIPE, SIG_IGN);
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<std::string> args = DashesToUnderscores(argc, argv);
+  std::vector<char*> arg_ptrs;
+  for (std::string& arg : args) arg_ptrs.push_back(arg.data());
+  std::vector<char*> positional =
+      absl::ParseCommandLine(arg_ptrs.size(), arg_ptrs.data());
+
+  cohort::LauncherOptions options;
+  options.command.assign(positional.begin() + 1, positional.end());
+  if (options.command.empty()) return Usage("no program given after --");
+  options.run_id = absl::GetFlag(FLAGS_run_id);
+  if (options.run_id.empty()) return Usage("--run-id is required");
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (options.coordinator.empty()) {
+    const char* env = std::getenv("COHORT_ADDR");
+    options.coordinator =
+        env != nullptr && *env != '\0' ? env : cohort::kDefaultAddress;
+  }
+  if (auto split = cohort::SplitHostPort(options.coordinator); !split.ok()) {
+    return Usage(absl::StrCat("--coordinator: ", split.status().message()));
+  }
+  auto nodes = cohort::ParseNodeRange(absl::GetFlag(FLAGS_nnodes));
+  if (!nodes.ok()) {
+    return Usage(absl::StrCat("--nnodes: ", nodes.status().message()));
+  }
+  options.min_nodes = nodes->first;
+  options.max_nodes = nodes->second;
+  options.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  if (options.nproc_per_node < 1) return Usage("--nproc-per-node must be >= 1");
+  options.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (options.max_restarts < 0) return Usage("--max-restarts must be >= 0");
+  options.tee = absl::GetFlag(FLAGS_tee);
+  options.node_id = absl::GetFlag(FLAGS_node_id);
+  options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  options.stop_grace = absl::GetFlag(FLAGS_stop_grace);
+  options.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  options.last_call_timeout = absl::GetFlag(FLAGS_last_call_timeout);
+  options.exit_barrier_timeout = absl::GetFlag(FLAGS_exit_barrier_timeout);
+
+  cohort::ConnectionOptions connection;
+  connection.address = options.coordinator;
+  auto rendezvous = cohort::RendezvousClient::Connect(connection);
+  auto membership = cohort::MembershipClient::Connect(connection);
+  for (const absl::Status& status :
+       {rendezvous.status(), membership.status()}) {
+    if (!status.ok()) {
+      std::fprintf(stderr, "cohortrun: cannot reach cohortd at %s: %s\n",
+                   options.coordinator.c_str(), status.ToString().c_str());
+      return 1;
+    }
+  }
+  cohort::Launcher launcher(std::move(options), *std::move(rendezvous),
+                            *std::move(membership));
+
+  std::atomic<bool> done{false};
+  std::thread signals([&] {
+    const timespec poll = {0, 100 * 1000 * 1000};
+    while (!done) {
+      int signal = sigtimedwait(&stop_signals, nullptr, &poll);
+      // The launcher cannot interrupt a blocking call to cohortd; the
+      // process can, and has no workers to leave behind then.
+      if (signal > 0 && !launcher.Stop(signal)) _exit(128 + signal);
+    }
+  });
+  int status = launcher.Run();
+  done = true;
+  signals.join();
+  return status;
+}

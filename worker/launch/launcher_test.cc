@@ -1,0 +1,496 @@
+#include "worker/launch/launcher.h"
+
+#include <signal.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace cohort {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+// What the fake cohortd knows, shared by the fake clients and the test.
+// This node is "node-a"; a two-node run adds "node-b", whose group
+// incarnation in round R is 100 + R.
+struct World {
+  absl::Mutex mu;
+  int nodes = 1;  // In every round.
+  int rounds = 0;
+  RunStatus run_status;        // Returned by GetRunStatus.
+  int peer_group_rank = 1;     // node-b's rank in ListMembers; -1: absent.
+  absl::Status start_barrier;  // What the first start barrier returns.
+  absl::Notification* join_gate = nullptr;  // Join waits on it.
+  absl::Status health;
+  int64_t next_incarnation = 1;
+  std::vector<std::string> barriers;
+  std::vector<std::string> reported_errors;
+  int leaves = 0;
+  MemberEventCallback watcher;
+  std::vector<std::string> log;
+
+  void Emit(MemberEvent::Type type, const std::string& name,
+            int64_t incarnation, const std::string& message = "") {
+    MemberEventCallback callback;
+    {
+      absl::MutexLock lock(&mu);
+      callback = watcher;
+    }
+    MemberEvent event;
+    event.type = type;
+    event.member.name = name;
+    event.member.incarnation = incarnation;
+    event.message = message;
+    callback(event);
+  }
+
+  bool Logged(const std::string& text) {
+    absl::MutexLock lock(&mu);
+    for (const std::string& line : log) {
+      if (absl::StrContains(line, text)) return true;
+    }
+    return false;
+  }
+
+  void WaitForLog(const std::string& text) {
+    for (int i = 0; i < 1000 && !Logged(text); ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_TRUE(Logged(text)) << "never logged: " << text;
+  }
+
+  int Rounds() {
+    absl::MutexLock lock(&mu);
+    return rounds;
+  }
+};
+
+class FakeRendezvous : public RendezvousClient {
+ public:
+  explicit FakeRendezvous(World* world) : world_(world) {}
+
+  absl::StatusOr<RendezvousResult> Join(
+      const RendezvousOptions& options) override {
+    if (world_->join_gate != nullptr) {
+      world_->join_gate->WaitForNotification();
+    }
+    absl::MutexLock lock(&world_->mu);
+    RendezvousResult result;
+    result.round = ++world_->rounds;
+    result.num_nodes = world_->nodes;
+    result.world_size = world_->nodes * options.local_world_size;
+    result.store_prefix =
+        absl::StrCat("/rdzv/", options.run_id, "/", result.round);
+    for (int i = 0; i < world_->nodes; ++i) {
+      RendezvousPeer peer;
+      peer.node_id = i == 0 ? options.node_id : "node-b";
+      peer.node_rank = i;
+      peer.local_world_size = options.local_world_size;
+      peer.first_global_rank = i * options.local_world_size;
+      result.peers.push_back(peer);
+    }
+    return result;
+  }
+
+  absl::StatusOr<RunStatus> GetRunStatus(const std::string& run_id) override {
+    absl::MutexLock lock(&world_->mu);
+    return world_->run_status;
+  }
+
+  absl::Status CloseRun(const std::string& run_id) override {
+    return absl::OkStatus();
+  }
+
+ private:
+  World* world_;
+};
+
+class FakeMember : public GroupMember {
+ public:
+  FakeMember(World* world, int64_t incarnation)
+      : world_(world), incarnation_(incarnation) {}
+  ~FakeMember() override { Leave().IgnoreError(); }
+
+  int64_t incarnation() const override { return incarnation_; }
+
+  absl::Status health() const override {
+    absl::MutexLock lock(&world_->mu);
+    return world_->health;
+  }
+
+  absl::Status Barrier(const std::string& barrier_id, absl::Duration timeout,
+                       const std::vector<std::string>& participants) override {
+    absl::MutexLock lock(&world_->mu);
+    world_->barriers.push_back(
+        absl::StrCat(barrier_id, " [", absl::StrJoin(participants, " "), "]"));
+    if (absl::StrContains(barrier_id, "start")) {
+      return std::exchange(world_->start_barrier, absl::OkStatus());
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ReportError(const std::string& message) override {
+    absl::MutexLock lock(&world_->mu);
+    world_->reported_errors.push_back(message);
+    return absl::OkStatus();
+  }
+
+  absl::Status Leave() override {
+    if (left_) return absl::OkStatus();
+    left_ = true;
+    absl::MutexLock lock(&world_->mu);
+    ++world_->leaves;
+    return absl::OkStatus();
+  }
+
+ private:
+  World* world_;
+  int64_t incarnation_;
+  bool left_ = false;
+};
+
+class FakeWatch : public MemberWatch {
+ public:
+  explicit FakeWatch(World* world) : world_(world) {}
+  ~FakeWatch() override { Cancel(); }
+  void Cancel() override {
+    absl::MutexLock lock(&world_->mu);
+    world_->watcher = [](const MemberEvent&) {};
+    cancelled_ = true;
+  }
+  absl::Status Wait() override {
+    absl::MutexLock lock(&world_->mu);
+    world_->mu.Await(absl::Condition(&cancelled_));
+    return absl::OkStatus();
+  }
+
+ private:
+  World* world_;
+  bool cancelled_ = false;
+};
+
+class FakeMembership : public MembershipClient {
+ public:
+  explicit FakeMembership(World* world) : world_(world) {}
+
+  absl::StatusOr<std::unique_ptr<GroupMember>> JoinGroup(
+      const MemberOptions& options) override {
+    absl::MutexLock lock(&world_->mu);
+    return std::make_unique<FakeMember>(world_, world_->next_incarnation++);
+  }
+
+  absl::StatusOr<std::vector<Member>> ListMembers(
+      const std::string& group) override {
+    absl::MutexLock lock(&world_->mu);
+    std::vector<Member> members;
+    if (world_->nodes > 1 && world_->peer_group_rank >= 0) {
+      members.push_back(Member{"node-b", 100 + world_->rounds,
+                               world_->peer_group_rank, "host-b"});
+    }
+    members.push_back(Member{"node-a", world_->next_incarnation - 1, 0, "a"});
+    return members;
+  }
+
+  absl::StatusOr<std::unique_ptr<MemberWatch>> Watch(
+      const std::string& group, MemberEventCallback callback) override {
+    absl::MutexLock lock(&world_->mu);
+    world_->watcher = std::move(callback);
+    return std::make_unique<FakeWatch>(world_);
+  }
+
+ private:
+  World* world_;
+};
+
+class LauncherTest : public ::testing::Test {
+ protected:
+  LauncherTest() : dir_(::testing::TempDir()) {
+    options_.run_id = "job";
+    options_.node_id = "node-a";
+    options_.hostname = "host-a";
+    options_.coordinator = "cohortd.example:29511";
+    options_.stop_grace = absl::Seconds(2);
+    options_.poll_interval = absl::Milliseconds(10);
+    options_.run_status_interval = absl::Milliseconds(50);
+    options_.log = [this](const std::string& line) {
+      absl::MutexLock lock(&world_.mu);
+      world_.log.push_back(line);
+    };
+  }
+
+  // Runs `script` under sh as the workers.
+  std::unique_ptr<Launcher> MakeLauncher(const std::string& script) {
+    options_.command = {"sh", "-c", script};
+    return std::make_unique<Launcher>(
+        options_, std::make_unique<FakeRendezvous>(&world_),
+        std::make_unique<FakeMembership>(&world_));
+  }
+
+  std::string Log() {
+    absl::MutexLock lock(&world_.mu);
+    return absl::StrJoin(world_.log, "\n");
+  }
+
+  const std::string dir_;
+  World world_;
+  LauncherOptions options_;
+};
+
+TEST_F(LauncherTest, RunsWorkersWithTheTorchrunEnvironment) {
+  world_.nodes = 2;
+  options_.nproc_per_node = 2;
+  auto launcher = MakeLauncher(absl::StrCat(
+      "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK "
+      "$GROUP_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $COHORT_ADDR "
+      "$COHORT_RUN_ID $COHORT_ROUND $COHORT_STORE_PREFIX "
+      "$COHORT_RESTART_COUNT > ",
+      dir_, "/env.$RANK"));
+  EXPECT_EQ(launcher->Run(), 0) << Log();
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(ReadFile(absl::StrCat(dir_, "/env.", rank)),
+              absl::StrCat(rank, " ", rank,
+                           " 4 2 0 2 cohortd.example 29511 "
+                           "cohortd.example:29511 job 1 /rdzv/job/1 0\n"));
+  }
+  EXPECT_THAT(world_.barriers,
+              ElementsAre("cohortrun.round-1.start [node-a node-b]",
+                          "cohortrun.round-1.exit [node-a node-b]"));
+  EXPECT_EQ(world_.leaves, 1);
+  EXPECT_THAT(Log(), HasSubstr("joining run job (nodes 1:1) as node-a"));
+  EXPECT_THAT(Log(), HasSubstr("round 1: node rank 0 of 2, world size 4, "
+                               "ranks 0-1"));
+}
+
+TEST_F(LauncherTest, RestartsAfterAWorkerFailsAndTellsThePeers) {
+  options_.nproc_per_node = 2;
+  options_.max_restarts = 1;
+  // In the first attempt rank 1 fails while rank 0 would run for long.
+  auto launcher = MakeLauncher(
+      "if [ $COHORT_RESTART_COUNT = 0 ]; then"
+      "  if [ $RANK = 1 ]; then exit 3; fi; exec sleep 30; "
+      "fi");
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(launcher->Run(), 0) << Log();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(world_.rounds, 2);
+  EXPECT_THAT(world_.reported_errors, ElementsAre("rank 1 exited with code 3"));
+  EXPECT_THAT(Log(), HasSubstr("restarting: rank 1 (local rank 1) failed "
+                               "with exit code 3 (restart 1 of 1)"));
+  EXPECT_EQ(world_.leaves, 2);
+}
+
+TEST_F(LauncherTest, GivesUpAfterMaxRestartsNamingRankHowAndAttempt) {
+  options_.nproc_per_node = 2;
+  options_.max_restarts = 1;
+  auto launcher = MakeLauncher("if [ $RANK = 1 ]; then exit 3; fi");
+  EXPECT_EQ(launcher->Run(), 1);
+  EXPECT_EQ(world_.rounds, 2);
+  EXPECT_THAT(Log(),
+              HasSubstr("rank 1 (local rank 1) failed with exit code 3 "
+                        "on attempt 2 of 2 (max restarts 1); giving up"));
+}
+
+TEST_F(LauncherTest, ReportsAWorkerKilledByASignal) {
+  auto launcher = MakeLauncher("kill -SEGV $$");
+  EXPECT_EQ(launcher->Run(), 1);
+  EXPECT_THAT(world_.reported_errors,
+              ElementsAre("rank 0 was killed by signal SIGSEGV"));
+  EXPECT_THAT(Log(), HasSubstr("rank 0 (local rank 0) failed with signal "
+                               "SIGSEGV on attempt 1 of 1 (max restarts 0)"));
+}
+
+TEST_F(LauncherTest, RestartsWhenAPeerOfTheRoundFailsIgnoringHistory) {
+  world_.nodes = 2;
+  options_.max_restarts = 1;
+  auto launcher =
+      MakeLauncher("if [ $COHORT_RESTART_COUNT = 0 ]; then exec sleep 30; fi");
+  std::thread peer([&] {
+    world_.WaitForLog("round 1: running rank 0");
+    // node-b's incarnation in round 1 is 101. Events of other incarnations,
+    // of nodes outside the round, of this node and JOINED change nothing.
+    world_.Emit(MemberEvent::Type::kFailed, "node-b", 100, "old lease");
+    world_.Emit(MemberEvent::Type::kLeft, "node-c", 7);
+    world_.Emit(MemberEvent::Type::kErrorReported, "node-a", 1, "mine");
+    world_.Emit(MemberEvent::Type::kJoined, "node-b", 101);
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_EQ(world_.Rounds(), 1);
+    world_.Emit(MemberEvent::Type::kFailed, "node-b", 101, "lease expired");
+  });
+  EXPECT_EQ(launcher->Run(), 0) << Log();
+  peer.join();
+  EXPECT_EQ(world_.rounds, 2);
+  EXPECT_THAT(Log(), HasSubstr("restarting: peer node-b failed: lease "
+                               "expired (restart 1 of 1)"));
+  EXPECT_THAT(world_.reported_errors, IsEmpty());
+}
+
+TEST_F(LauncherTest, RestartsWhenAPeerReportsAnErrorOrLeaves) {
+  world_.nodes = 2;
+  options_.max_restarts = 2;
+  auto launcher = MakeLauncher(
+      "if [ $COHORT_RESTART_COUNT -lt 2 ]; then exec sleep 30; fi");
+  std::thread peer([&] {
+    world_.WaitForLog("round 1: running");
+    world_.Emit(MemberEvent::Type::kErrorReported, "node-b", 101,
+                "rank 1 exited with code 1");
+    world_.WaitForLog("round 2: running");
+    world_.Emit(MemberEvent::Type::kLeft, "node-b", 102);
+  });
+  EXPECT_EQ(launcher->Run(), 0) << Log();
+  peer.join();
+  EXPECT_THAT(Log(), HasSubstr("restarting: peer node-b reported an error: "
+                               "rank 1 exited with code 1 (restart 1 of 2)"));
+  EXPECT_THAT(Log(), HasSubstr("restarting: peer node-b left the group "
+                               "(restart 2 of 2)"));
+}
+
+TEST_F(LauncherTest, RestartsForWaitingNodesWithoutCountingARestart) {
+  options_.min_nodes = 1;
+  options_.max_nodes = 2;
+  world_.run_status.round = 1;
+  world_.run_status.phase = RunStatus::Phase::kComplete;
+  world_.run_status.num_waiting = 1;
+  auto launcher = MakeLauncher(
+      absl::StrCat("echo $COHORT_ROUND $COHORT_RESTART_COUNT > ", dir_,
+                   "/scale; "
+                   "if [ $COHORT_ROUND = 1 ]; then exec sleep 30; fi"));
+  EXPECT_EQ(launcher->Run(), 0) << Log();
+  EXPECT_EQ(ReadFile(absl::StrCat(dir_, "/scale")), "2 0\n");
+  EXPECT_THAT(Log(), HasSubstr("restarting: 1 node waiting to join run job "
+                               "(round 1 has 1 of at most 2)"));
+}
+
+TEST_F(LauncherTest, AFullRoundIgnoresWaitingNodes) {
+  world_.run_status.round = 1;
+  world_.run_status.num_waiting = 1;
+  auto launcher = MakeLauncher("sleep 0.3");
+  EXPECT_EQ(launcher->Run(), 0) << Log();
+  EXPECT_EQ(world_.rounds, 1);
+}
+
+TEST_F(LauncherTest, APeerThatNeverJoinsTheGroupCostsARestart) {
+  world_.nodes = 2;
+  world_.peer_group_rank = -1;
+  options_.group_join_timeout = absl::Milliseconds(300);
+  auto launcher = MakeLauncher("true");
+  EXPECT_EQ(launcher->Run(), 1);
+  EXPECT_THAT(Log(), HasSubstr("round 1 could not start: after 300ms, 1 node "
+                               "had not joined group job: node-b on attempt 1 "
+                               "of 1"));
+}
+
+TEST_F(LauncherTest, APeersMembershipFromAnEarlierRoundDoesNotCount) {
+  world_.nodes = 2;
+  world_.peer_group_rank = 0;  // Its node rank in this round is 1.
+  options_.group_join_timeout = absl::Milliseconds(300);
+  auto launcher = MakeLauncher("true");
+  EXPECT_EQ(launcher->Run(), 1);
+  EXPECT_THAT(Log(), HasSubstr("1 node had not joined group job: node-b"));
+}
+
+TEST_F(LauncherTest, APeerFailingAsTheRoundStartsCostsARestart) {
+  world_.nodes = 2;
+  options_.max_restarts = 1;
+  world_.start_barrier = absl::AbortedError(
+      "barrier 'cohortrun.round-1.start' aborted: rank 1 (host-b) failed");
+  auto launcher = MakeLauncher("true");
+  EXPECT_EQ(launcher->Run(), 0) << Log();
+  EXPECT_EQ(world_.rounds, 2);
+  EXPECT_THAT(Log(), HasSubstr("restarting: round 1 could not start: barrier "
+                               "'cohortrun.round-1.start' aborted: rank 1 "
+                               "(host-b) failed (restart 1 of 1)"));
+}
+
+TEST_F(LauncherTest, RestartsWhenThisNodeLosesItsMembership) {
+  options_.max_restarts = 1;
+  world_.health = absl::NotFoundError("declared failed");
+  auto launcher = MakeLauncher("sleep 30");
+  EXPECT_EQ(launcher->Run(), 1);
+  EXPECT_THAT(Log(), HasSubstr("this node lost its membership in group job: "
+                               "declared failed on attempt 2 of 2"));
+}
+
+TEST_F(LauncherTest, StopForwardsTheSignalAndReturnsTheWorkersStatus) {
+  options_.nproc_per_node = 2;
+  auto launcher = MakeLauncher("exec sleep 30");
+  std::thread stopper([&] {
+    world_.WaitForLog("round 1: running");
+    EXPECT_TRUE(launcher->Stop(SIGTERM));
+  });
+  EXPECT_EQ(launcher->Run(), 128 + SIGTERM);
+  stopper.join();
+  EXPECT_THAT(Log(), HasSubstr("forwarding SIGTERM to 2 workers"));
+  EXPECT_EQ(world_.leaves, 1);
+}
+
+TEST_F(LauncherTest, StopDuringTheRendezvousAsksTheCallerToExit) {
+  absl::Notification gate;
+  world_.join_gate = &gate;
+  auto launcher = MakeLauncher("true");
+  std::thread stopper([&] {
+    world_.WaitForLog("joining run job");
+    EXPECT_FALSE(launcher->Stop(SIGINT));
+    gate.Notify();
+  });
+  EXPECT_EQ(launcher->Run(), 128 + SIGINT);
+  stopper.join();
+  EXPECT_THAT(Log(), HasSubstr("SIGINT while joining run job (nodes 1:1) as "
+                               "node-a, which cannot be interrupted"));
+}
+
+TEST_F(LauncherTest, AProgramThatCannotRunIsFatal) {
+  options_.max_restarts = 3;
+  options_.command = {"/no/such/program"};
+  Launcher launcher(options_, std::make_unique<FakeRendezvous>(&world_),
+                    std::make_unique<FakeMembership>(&world_));
+  EXPECT_EQ(launcher.Run(), 1);
+  EXPECT_EQ(world_.rounds, 1);
+  ASSERT_EQ(world_.reported_errors.size(), 1);
+  EXPECT_THAT(world_.reported_errors[0],
+              HasSubstr("node-a cannot start workers: /no/such/program"));
+}
+
+TEST(SplitHostPortTest, SplitsAtTheLastColon) {
+  EXPECT_EQ(*SplitHostPort("localhost:29500"),
+            std::make_pair(std::string("localhost"), std::string("29500")));
+  EXPECT_EQ(*SplitHostPort("[::1]:80"),
+            std::make_pair(std::string("::1"), std::string("80")));
+  EXPECT_FALSE(SplitHostPort("localhost").ok());
+  EXPECT_FALSE(SplitHostPort(":29500").ok());
+  EXPECT_FALSE(SplitHostPort("host:0").ok());
+  EXPECT_FALSE(SplitHostPort("host:http").ok());
+}
+
+TEST(ParseNodeRangeTest, AcceptsNAndMinMax) {
+  EXPECT_EQ(*ParseNodeRange("3"), std::make_pair(3, 3));
+  EXPECT_EQ(*ParseNodeRange("2:4"), std::make_pair(2, 4));
+  EXPECT_FALSE(ParseNodeRange("0").ok());
+  EXPECT_FALSE(ParseNodeRange("4:2").ok());
+  EXPECT_FALSE(ParseNodeRange("1:2:3").ok());
+  EXPECT_FALSE(ParseNodeRange("two").ok());
+}
+
+}  // namespace
+}  // namespace cohort

@@ -1,0 +1,180 @@
+// DDP: data-parallel training where every rank holds a full replica of the
+// model and gradients are averaged across ranks during backward, as
+// torch.nn.parallel.DistributedDataParallel does. Framework-agnostic: the
+// Reducer owns the gradient storage of the parameters it is given (by
+// element count, in parameter order) and the caller's backward writes each
+// gradient into grad(i) and calls MarkReady(i) when it is done.
+//
+//   auto reducer = cohort::Reducer::Create(group, sizes).value();
+//   BroadcastFromRank0(*group, param_views);          // same start everywhere
+//   for (step...) {
+//     reducer->ZeroGrad();
+//     for (i = last param .. first) {                  // backward
+//       WriteGradient(reducer->grad(i));
+//       reducer->MarkReady(i);                         // may start an
+//       all_reduce
+//     }
+//     reducer->Finish();                               // grads now averaged
+//     optimizer->Step(...reducer->grad(i)...);
+//   }
+//
+// Buckets. Gradients live in flat per-bucket buffers (grad(i) is a view, no
+// copies): the parameters are packed in reverse order (backward produces
+// the last layers' gradients first), and a bucket is closed as soon as it
+// holds at least first_bucket_bytes (the first) or bucket_cap_bytes (the
+// others), as torch does: parameters are never split, so a bucket exceeds
+// its limit by less than its last parameter. A small first bucket starts
+// communication early in backward. A bucket's all_reduce (AVG) starts as
+// soon as all of its gradients are ready and all earlier buckets have
+// started, so communication overlaps the rest of backward; every rank starts
+// the buckets in the same order.
+//
+// Rebuild. The first Finish() that completes (normally the first
+// iteration's) rebuilds the buckets in the order the gradients actually
+// became ready on rank 0 (rank 0 broadcasts its order, so all ranks agree).
+// Gradient values are carried over. grad(i) views taken before that
+// Finish() are invalid afterwards.
+//
+// no_sync. Inside a NoSyncScope, MarkReady and Finish reduce nothing:
+// gradients accumulate locally (backward adds into grad(i)). The first
+// iteration after the scope reduces the accumulated sums. (When the very
+// first iteration runs under no_sync, its Finish still broadcasts rank 0's
+// ready order for the rebuild.) Whether an iteration synchronizes is decided
+// at its first MarkReady, so it is reduced entirely or not at all.
+//
+// Every rank must mark every parameter ready exactly once per iteration.
+#ifndef COHORT_WORKER_PARALLEL_DDP_H_
+#define COHORT_WORKER_PARALLEL_DDP_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/collective/process_group.h"
+
+namespace cohort {
+
+// How a bucket's gradients are reduced. Launch starts the reduction and
+// returns its Work; after that Work completes OK, Finalize runs on the
+// thread calling Reducer::Finish(). When Finalize returns, `grads` must
+// hold the average over ranks of every rank's `grads` (approximately, for
+// compressing hooks). Launch is called once per bucket per synchronized
+// iteration, in bucket order, identically on every rank. A hook object
+// serves one Reducer (the built-in ones keep per-bucket scratch).
+class CommHook {
+ public:
+  virtual ~CommHook() = default;
+  virtual std::string name() const = 0;
+  virtual std::shared_ptr<Work> Launch(ProcessGroup& group, int bucket,
+                                       BufferView grads) = 0;
+  virtual absl::Status Finalize(int bucket, BufferView grads) {
+    return absl::OkStatus();
+  }
+};
+
+// all_reduce(AVG) in place: the default.
+std::shared_ptr<CommHook> AllReduceHook();
+// Casts the bucket to f16 (divided by the world size first, so large sums
+// do not overflow), all_reduces (SUM) the f16 copy and casts back: half the
+// bytes on the wire, about 11 bits of precision.
+std::shared_ptr<CommHook> Fp16CompressHook();
+// The same with bf16: f32's range, about 8 bits of precision.
+std::shared_ptr<CommHook> Bf16CompressHook();
+
+struct ReducerOptions {
+  size_t first_bucket_bytes = size_t{1} << 20;
+  size_t bucket_cap_bytes = size_t{25} << 20;
+  // Rebuild the buckets in ready order after the first iteration.
+  bool rebuild_buckets = true;
+  // false: start every bucket's reduction in Finish() instead of as soon as
+  // it is ready (for measuring what the overlap hides).
+  bool overlap = true;
+  // Null means AllReduceHook().
+  std::shared_ptr<CommHook> hook;
+};
+
+class Reducer {
+ public:
+  struct Bucket {
+    std::vector<int> params;      // Parameter indices, in layout order.
+    std::vector<size_t> offsets;  // Element offset of each in the bucket.
+    size_t elements = 0;
+  };
+
+  // `param_sizes[i]` is parameter i's element count (f32 gradients). A
+  // collective: every rank calls it, and the ranks check that they all
+  // passed the same sizes (VerifySameSizes). INVALID_ARGUMENT for no
+  // parameters, a zero size, zero bucket sizes, or ranks that disagree.
+  static absl::StatusOr<std::unique_ptr<Reducer>> Create(
+      std::shared_ptr<ProcessGroup> group, std::vector<size_t> param_sizes,
+      const ReducerOptions& options = {});
+
+  // Waits for reductions still running.
+  ~Reducer();
+
+  int num_params() const;
+  ProcessGroup& group() const;
+
+  // Parameter i's gradient: a view into its bucket. Valid until the next
+  // rebuild (see above). Zero after Create and ZeroGrad().
+  absl::Span<float> grad(int param);
+
+  // Zeroes every gradient. REQUIRES: no iteration in progress.
+  void ZeroGrad();
+
+  // Declares parameter `param`'s gradient final for this iteration.
+  // INVALID_ARGUMENT for an index out of range, FAILED_PRECONDITION for a
+  // parameter already marked in this iteration or a group that failed.
+  absl::Status MarkReady(int param);
+
+  // Waits for every bucket's reduction (starting those not started) and
+  // ends the iteration; the gradients then hold the averages across ranks.
+  // FAILED_PRECONDITION naming the parameters never marked ready; the
+  // reduction's error otherwise (DEADLINE_EXCEEDED, UNAVAILABLE...).
+  absl::Status Finish();
+
+  // While alive, iterations accumulate gradients locally (see above).
+  class NoSyncScope {
+   public:
+    explicit NoSyncScope(Reducer& reducer);
+    ~NoSyncScope();
+    NoSyncScope(const NoSyncScope&) = delete;
+    NoSyncScope& operator=(const NoSyncScope&) = delete;
+
+   private:
+    Reducer& reducer_;
+    bool previous_;
+  };
+
+  // The current bucket layout, in launch order.
+  const std::vector<Bucket>& buckets() const;
+  // Whether the first-iteration rebuild has happened.
+  bool rebuilt() const;
+  // Bytes this rank has sent, by WireBytes() (process_group.h): the ring
+  // volume of each bucket's all_reduce as sent (after any compression),
+  // plus the rebuild's broadcast. 0 at world size 1.
+  uint64_t bytes_communicated() const;
+  // Bytes of gradient storage held (the buckets) plus hook scratch.
+  size_t grad_bytes() const;
+
+ private:
+  struct State;
+  explicit Reducer(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+// Makes every rank's `tensors` equal to rank 0's (DDP's initial parameter
+// and buffer sync), coalescing them into broadcasts of up to `chunk_bytes`.
+// Returns the first op's error. Tensors may have any dtypes.
+absl::Status BroadcastFromRank0(ProcessGroup& group,
+                                absl::Span<const BufferView> tensors,
+                                size_t chunk_bytes = size_t{25} << 20);
+
+}  // namespace cohort
+
+#endif  // COHORT_WORKER_PARALLEL_DDP_H_

@@ -1,0 +1,185 @@
+// The example trainer: an MLP learns a fixed random teacher network, in DDP
+// or FSDP across the ranks of a cohortrun job (or alone, --mode=local).
+//
+//   cohortrun --nnodes=1:1 --nproc-per-node=2 -- train --mode=ddp --steps=30
+//
+// Rank 0 prints "step N loss=L" lines and one summary line with
+// param_checksum= (the sum of all final parameters: equal, up to rounding,
+// for every mode and world size at the same --seed and --global_batch),
+// steps/s, the bytes each rank communicated and the bytes it held.
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "worker/collective/init.h"
+#include "worker/parallel/examples/mlp.h"
+#include "worker/parallel/examples/trainer.h"
+
+ABSL_FLAG(std::string, mode, "ddp",
+          "local | ddp | fsdp | fsdp_grad_op | fsdp_no_shard | compute_only");
+ABSL_FLAG(int, steps, 30, "Optimizer steps.");
+ABSL_FLAG(uint64_t, seed, 7, "Seeds the data, the teacher and the init.");
+ABSL_FLAG(int, global_batch, 128,
+          "Samples per step across all ranks (each rank takes 1/world).");
+ABSL_FLAG(std::vector<std::string>, dims,
+          std::vector<std::string>({"64", "512", "512", "512", "16"}),
+          "The student MLP's layer widths, input first.");
+ABSL_FLAG(std::vector<std::string>, teacher_dims,
+          std::vector<std::string>({"64", "128", "16"}),
+          "The teacher MLP's layer widths.");
+ABSL_FLAG(int, samples, 16384, "Dataset size.");
+ABSL_FLAG(std::string, optimizer, "sgd", "sgd (with --momentum) or adam.");
+ABSL_FLAG(double, lr, 0.05, "Learning rate.");
+ABSL_FLAG(double, momentum, 0.9, "SGD momentum.");
+ABSL_FLAG(int, grad_accum, 1,
+          "Micro-batches per step (DDP: all but the last under no_sync).");
+ABSL_FLAG(int, log_every, 1,
+          "Print the loss every N steps (and the first and last).");
+ABSL_FLAG(double, first_bucket_mb, 1, "DDP: the first bucket's size, MiB.");
+ABSL_FLAG(double, bucket_cap_mb, 25, "DDP: the other buckets' size, MiB.");
+ABSL_FLAG(bool, overlap, true,
+          "DDP: reduce buckets during backward (false: all after it).");
+ABSL_FLAG(std::string, comm_hook, "none", "DDP: none | fp16 | bf16.");
+ABSL_FLAG(bool, prefetch, true, "FSDP: gather the next unit ahead.");
+ABSL_FLAG(int, compute_threads, 1,
+          "Threads per matrix product (OpenBLAS); 1 suits a rank per core.");
+ABSL_FLAG(bool, verify_ops, true,
+          "Ranks compare each collective before running it (see "
+          "ProcessGroupOptions::verify_ops); false saves a round trip per op.");
+ABSL_FLAG(std::string, params_out, "",
+          "Rank 0 writes the final parameters here (raw f32, in order).");
+
+namespace {
+
+using cohort::examples::TrainConfig;
+using cohort::examples::TrainMode;
+
+absl::StatusOr<std::vector<int>> ParseDims(
+    const std::vector<std::string>& texts, const char* flag) {
+  std::vector<int> dims;
+  for (const std::string& text : texts) {
+    int d = 0;
+    if (!absl::SimpleAtoi(text, &d) || d <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": '", text, "' is not a positive integer"));
+    }
+    dims.push_back(d);
+  }
+  return dims;
+}
+
+std::string Mib(size_t bytes) {
+  return absl::StrFormat("%.2fMiB", bytes / 1048576.0);
+}
+
+absl::Status Run() {
+  absl::StatusOr<TrainMode> mode =
+      cohort::examples::ParseTrainMode(absl::GetFlag(FLAGS_mode));
+  if (!mode.ok()) return mode.status();
+  if (absl::GetFlag(FLAGS_compute_threads) <= 0) {
+    return absl::InvalidArgumentError("--compute_threads must be > 0");
+  }
+  cohort::examples::SetComputeThreads(absl::GetFlag(FLAGS_compute_threads));
+  TrainConfig config;
+  config.mode = *mode;
+  config.steps = absl::GetFlag(FLAGS_steps);
+  config.seed = absl::GetFlag(FLAGS_seed);
+  config.global_batch = absl::GetFlag(FLAGS_global_batch);
+  absl::StatusOr<std::vector<int>> dims =
+      ParseDims(absl::GetFlag(FLAGS_dims), "dims");
+  if (!dims.ok()) return dims.status();
+  config.dims = *dims;
+  dims = ParseDims(absl::GetFlag(FLAGS_teacher_dims), "teacher_dims");
+  if (!dims.ok()) return dims.status();
+  config.teacher_dims = *dims;
+  if (absl::GetFlag(FLAGS_samples) <= 0) {
+    return absl::InvalidArgumentError("--samples must be > 0");
+  }
+  config.samples = absl::GetFlag(FLAGS_samples);
+  config.optimizer = absl::GetFlag(FLAGS_optimizer);
+  config.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
+  config.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
+  config.grad_accum = absl::GetFlag(FLAGS_grad_accum);
+  config.log_every = absl::GetFlag(FLAGS_log_every);
+  config.first_bucket_bytes =
+      static_cast<size_t>(absl::GetFlag(FLAGS_first_bucket_mb) * 1048576);
+  config.bucket_cap_bytes =
+      static_cast<size_t>(absl::GetFlag(FLAGS_bucket_cap_mb) * 1048576);
+  config.overlap = absl::GetFlag(FLAGS_overlap);
+  config.comm_hook = absl::GetFlag(FLAGS_comm_hook);
+  config.prefetch = absl::GetFlag(FLAGS_prefetch);
+
+  std::shared_ptr<cohort::ProcessGroup> group;
+  if (config.mode != TrainMode::kLocal) {
+    cohort::InitOptions init;
+    init.group.verify_ops = absl::GetFlag(FLAGS_verify_ops);
+    absl::StatusOr<std::unique_ptr<cohort::ProcessGroup>> created =
+        cohort::InitProcessGroup("gloo", "env://", -1, -1, init);
+    if (!created.ok()) return created.status();
+    group = std::move(*created);
+  }
+  const int rank = group != nullptr ? group->rank() : 0;
+  const int world = group != nullptr ? group->size() : 1;
+  const bool lead = rank == 0;
+  if (lead) {
+    std::printf("mode=%s world=%d global_batch=%d steps=%d seed=%llu\n",
+                std::string(TrainModeName(config.mode)).c_str(), world,
+                config.global_batch, config.steps,
+                static_cast<unsigned long long>(config.seed));
+    std::fflush(stdout);
+  }
+  absl::StatusOr<cohort::examples::TrainReport> report =
+      Train(config, group, [&](int step, float loss) {
+        if (!lead) return;
+        std::printf("step %d loss=%.6f\n", step, loss);
+        std::fflush(stdout);
+      });
+  if (!report.ok()) return report.status();
+  if (lead) {
+    std::printf(
+        "mode=%s world=%d param_checksum=%.9g steps_per_s=%.1f "
+        "comm_bytes_per_rank=%llu (%s) mem_per_rank: params=%s grads=%s "
+        "optimizer=%s peak=%s\n",
+        std::string(TrainModeName(config.mode)).c_str(), world,
+        report->checksum, report->steps_per_second,
+        static_cast<unsigned long long>(report->comm_bytes),
+        Mib(report->comm_bytes).c_str(), Mib(report->param_bytes).c_str(),
+        Mib(report->grad_bytes).c_str(), Mib(report->optimizer_bytes).c_str(),
+        Mib(report->peak_bytes).c_str());
+    std::fflush(stdout);
+    const std::string out = absl::GetFlag(FLAGS_params_out);
+    if (!out.empty()) {
+      std::ofstream file(out, std::ios::binary | std::ios::trunc);
+      file.write(
+          reinterpret_cast<const char*>(report->params.data()),
+          static_cast<std::streamsize>(report->params.size() * sizeof(float)));
+      if (!file) {
+        return absl::InternalError(absl::StrCat("cannot write ", out));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "trains an MLP on a teacher network's outputs; under cohortrun: "
+      "cohortrun --nproc-per-node=2 -- train --mode=ddp|fsdp|fsdp_grad_op");
+  absl::ParseCommandLine(argc, argv);
+  absl::Status status = Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "train: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,474 @@
+#include "worker/parallel/examples/trainer.h"
+
+#include <numeric>
+#include <optional>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "worker/parallel/ddp.h"
+#include "worker/parallel/examples/data.h"
+#include "worker/parallel/examples/mlp.h"
+#include "worker/parallel/fsdp.h"
+#include "worker/parallel/optimizer.h"
+
+namespace cohort::examples {
+namespace {
+
+constexpr absl::string_view kModeNames[] = {
+    "local", "ddp", "fsdp", "fsdp_grad_op", "fsdp_no_shard", "compute_only"};
+
+bool IsFsdp(TrainMode mode) {
+  return mode == TrainMode::kFsdp || mode == TrainMode::kFsdpGradOp ||
+         mode == TrainMode::kFsdpNoShard;
+}
+
+ShardingStrategy StrategyOf(TrainMode mode) {
+  switch (mode) {
+    case TrainMode::kFsdpGradOp:
+      return ShardingStrategy::kShardGradOp;
+    case TrainMode::kFsdpNoShard:
+      return ShardingStrategy::kNoShard;
+    default:
+      return ShardingStrategy::kFullShard;
+  }
+}
+
+absl::Status CheckConfig(const TrainConfig& c, int world) {
+  if (c.dims.size() < 2 || c.teacher_dims.size() < 2) {
+    return absl::InvalidArgumentError(
+        "dims and teacher_dims need at least an input and an output size");
+  }
+  for (int d : c.dims) {
+    if (d <= 0) return absl::InvalidArgumentError("every dim must be > 0");
+  }
+  for (int d : c.teacher_dims) {
+    if (d <= 0)
+      return absl::InvalidArgumentError("every teacher dim must be > 0");
+  }
+  if (c.dims.front() != c.teacher_dims.front() ||
+      c.dims.back() != c.teacher_dims.back()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the student (", absl::StrJoin(c.dims, ","),
+                     ") and the teacher (", absl::StrJoin(c.teacher_dims, ","),
+                     ") must have the same input and output sizes"));
+  }
+  if (c.steps <= 0 || c.grad_accum <= 0 || c.log_every <= 0) {
+    return absl::InvalidArgumentError(
+        "steps, grad_accum and log_every must be > 0");
+  }
+  if (c.global_batch <= 0 || c.global_batch % (world * c.grad_accum) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("global_batch ", c.global_batch,
+                     " must be a positive multiple of world size (", world,
+                     ") x grad_accum (", c.grad_accum, ")"));
+  }
+  if (c.samples < static_cast<size_t>(c.global_batch)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("samples (", c.samples,
+                     ") must be at least global_batch (", c.global_batch, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainConfig& c) {
+  if (c.optimizer == "sgd") {
+    return NewSgd({.lr = c.lr, .momentum = c.momentum});
+  }
+  if (c.optimizer == "adam") return NewAdam({.lr = c.lr});
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown optimizer '", c.optimizer, "'; expected sgd or adam"));
+}
+
+absl::StatusOr<std::shared_ptr<CommHook>> MakeHook(const std::string& name) {
+  if (name == "none") return AllReduceHook();
+  if (name == "fp16") return Fp16CompressHook();
+  if (name == "bf16") return Bf16CompressHook();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown comm_hook '", name, "'; expected none, fp16 or bf16"));
+}
+
+// The data this rank trains on: its sampler's indices for the current
+// epoch, and where the next batch starts.
+class Batches {
+ public:
+  Batches(const Dataset& data, int world, int rank, uint64_t seed,
+          size_t global_batch)
+      : data_(data),
+        sampler_(data.size(), world, rank, seed),
+        per_rank_(global_batch / world),
+        // Whole global batches only (drop_last), so that every rank, at any
+        // world size, walks the same global batches.
+        batches_per_epoch_(data.size() / global_batch) {}
+
+  // The next `count` samples of this rank's share of the current global
+  // batch, as (inputs, targets).
+  std::pair<Matrix, Matrix> Next(size_t count) {
+    if (indices_.empty() || offset_ == batches_per_epoch_ * per_rank_) {
+      indices_ = sampler_.Indices(epoch_++);
+      offset_ = 0;
+    }
+    std::pair<Matrix, Matrix> batch{
+        Columns(data_.inputs, indices_, offset_, count),
+        Columns(data_.targets, indices_, offset_, count)};
+    offset_ += count;
+    return batch;
+  }
+
+ private:
+  const Dataset& data_;
+  DistributedSampler sampler_;
+  size_t per_rank_;
+  size_t batches_per_epoch_;
+  std::vector<size_t> indices_;
+  size_t offset_ = 0;
+  int epoch_ = 0;
+};
+
+// The step loop shared by every mode; `step` runs one optimizer step on
+// `micro` micro-batches and returns this rank's mean loss.
+struct Loop {
+  const TrainConfig& config;
+  ProcessGroup* group;  // Null: no loss reduction.
+  const std::function<void(int, float)>& on_log;
+
+  absl::Status Run(const std::function<absl::StatusOr<float>()>& step,
+                   TrainReport& report) {
+    const absl::Time start = absl::Now();
+    absl::Time after_first = start;
+    for (int s = 1; s <= config.steps; ++s) {
+      absl::StatusOr<float> loss = step();
+      if (!loss.ok()) {
+        return absl::Status(
+            loss.status().code(),
+            absl::StrCat("step ", s, ": ", loss.status().message()));
+      }
+      if (s == 1 || s % config.log_every == 0 || s == config.steps) {
+        float global = *loss;
+        if (group != nullptr && group->size() > 1) {
+          absl::Status reduced =
+              group->AllReduce(BufferView::Of(&global, 1), ReduceOp::kAvg)
+                  ->Wait();
+          if (!reduced.ok()) return reduced;
+        }
+        report.logged_steps.push_back(s);
+        report.losses.push_back(global);
+        if (on_log) on_log(s, global);
+      }
+      if (s == 1) after_first = absl::Now();
+    }
+    const absl::Time end = absl::Now();
+    report.seconds = absl::ToDoubleSeconds(end - start);
+    if (config.steps > 1) {
+      report.steps_per_second =
+          (config.steps - 1) / absl::ToDoubleSeconds(end - after_first);
+    } else {
+      report.steps_per_second = 1 / report.seconds;
+    }
+    return absl::OkStatus();
+  }
+};
+
+size_t TotalBytes(const std::vector<std::vector<float>>& tensors) {
+  size_t bytes = 0;
+  for (const auto& t : tensors) bytes += t.size() * sizeof(float);
+  return bytes;
+}
+
+void Finalize(std::vector<std::vector<float>> params, TrainReport& report) {
+  report.params.clear();
+  for (const auto& t : params) {
+    report.params.insert(report.params.end(), t.begin(), t.end());
+  }
+  report.checksum = 0;
+  for (float v : report.params) report.checksum += v;
+}
+
+// What every mode starts from: the model, this rank's share of the data,
+// the optimizer.
+struct Job {
+  Job(const TrainConfig& c, int world, int rank)
+      : config(c),
+        mlp(c.dims),
+        data(MakeTeacherDataset(c.samples, c.teacher_dims, c.seed)),
+        batches(data, world, rank, c.seed, c.global_batch),
+        micro(c.global_batch / world / c.grad_accum) {}
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  absl::Status Init() {
+    absl::StatusOr<std::unique_ptr<Optimizer>> made = MakeOptimizer(config);
+    if (!made.ok()) return made.status();
+    optimizer = std::move(*made);
+    return absl::OkStatus();
+  }
+
+  // Takes the next micro-batch and runs it forward, layer l with the
+  // parameters `params(l)` returns once `before(l)` succeeded (FSDP
+  // gathers there) and then `after(l)`. Returns the micro-batch's loss
+  // divided by the number of micro-batches, the backward seeded to match.
+  absl::StatusOr<float> Forward(
+      const std::function<Mlp::LayerParams(int)>& params,
+      const std::function<absl::Status(int)>& before = nullptr,
+      const std::function<absl::Status(int)>& after = nullptr) {
+    auto [x, y] = batches.Next(micro);
+    mlp.Begin(x);
+    for (int l = 0; l < mlp.num_layers(); ++l) {
+      if (before) {
+        if (absl::Status s = before(l); !s.ok()) return s;
+      }
+      mlp.Forward(l, params(l));
+      if (after) {
+        if (absl::Status s = after(l); !s.ok()) return s;
+      }
+    }
+    return mlp.Loss(y, 1.0f / config.grad_accum) / config.grad_accum;
+  }
+
+  // Steps every whole parameter i with the gradient `grad(i)` returns.
+  absl::Status StepReplica(
+      std::vector<std::vector<float>>& params,
+      const std::function<absl::Span<const float>(int)>& grad) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const int slot = static_cast<int>(i);
+      absl::Status stepped =
+          optimizer->Step(slot, absl::MakeSpan(params[i]), grad(slot));
+      if (!stepped.ok()) return stepped;
+    }
+    return absl::OkStatus();
+  }
+
+  // Fills the report of a mode that keeps whole replicas.
+  void ReportReplica(std::vector<std::vector<float>> params, size_t grad_bytes,
+                     TrainReport& report) const {
+    report.param_bytes = TotalBytes(params);
+    report.grad_bytes = grad_bytes;
+    report.optimizer_bytes = optimizer->state_bytes();
+    report.peak_bytes =
+        report.param_bytes + report.grad_bytes + report.optimizer_bytes;
+    Finalize(std::move(params), report);
+  }
+
+  const TrainConfig& config;
+  Mlp mlp;
+  const Dataset data;  // Before batches, which refers to it.
+  Batches batches;
+  const size_t micro;  // Samples per micro-batch on this rank.
+  std::unique_ptr<Optimizer> optimizer;
+};
+
+Mlp::LayerParams LayerOf(const std::vector<std::vector<float>>& params, int l) {
+  return {params[2 * l].data(), params[2 * l + 1].data()};
+}
+
+// local and compute_only: plain loops, no group.
+absl::StatusOr<TrainReport> TrainAlone(const TrainConfig& c, int world,
+                                       int rank, Loop& loop) {
+  Job job(c, world, rank);
+  if (absl::Status s = job.Init(); !s.ok()) return s;
+  std::vector<std::vector<float>> params = job.mlp.Init(c.seed);
+  std::vector<std::vector<float>> grads;
+  for (const auto& p : params) grads.emplace_back(p.size());
+
+  TrainReport report;
+  absl::Status status = loop.Run(
+      [&]() -> absl::StatusOr<float> {
+        for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
+        float loss = 0;
+        for (int m = 0; m < c.grad_accum; ++m) {
+          absl::StatusOr<float> micro_loss =
+              job.Forward([&](int l) { return LayerOf(params, l); });
+          if (!micro_loss.ok()) return micro_loss.status();
+          loss += *micro_loss;
+          for (int l = job.mlp.num_layers() - 1; l >= 0; --l) {
+            job.mlp.Backward(l, LayerOf(params, l),
+                             {grads[2 * l].data(), grads[2 * l + 1].data()});
+          }
+        }
+        absl::Status stepped = job.StepReplica(
+            params, [&](int i) { return absl::MakeConstSpan(grads[i]); });
+        if (!stepped.ok()) return stepped;
+        return loss;
+      },
+      report);
+  if (!status.ok()) return status;
+  job.ReportReplica(std::move(params), TotalBytes(grads), report);
+  return report;
+}
+
+absl::StatusOr<TrainReport> TrainDdp(const TrainConfig& c,
+                                     std::shared_ptr<ProcessGroup> group,
+                                     Loop& loop) {
+  Job job(c, group->size(), group->rank());
+  if (absl::Status s = job.Init(); !s.ok()) return s;
+  std::vector<std::vector<float>> params = job.mlp.Init(c.seed);
+  std::vector<BufferView> views;
+  for (auto& p : params) views.push_back(BufferView::Of(p.data(), p.size()));
+  if (absl::Status s = BroadcastFromRank0(*group, views); !s.ok()) return s;
+
+  absl::StatusOr<std::shared_ptr<CommHook>> hook = MakeHook(c.comm_hook);
+  if (!hook.ok()) return hook.status();
+  ReducerOptions options;
+  options.first_bucket_bytes = c.first_bucket_bytes;
+  options.bucket_cap_bytes = c.bucket_cap_bytes;
+  options.overlap = c.overlap;
+  options.hook = *hook;
+  absl::StatusOr<std::unique_ptr<Reducer>> reducer =
+      Reducer::Create(group, job.mlp.ParamSizes(), options);
+  if (!reducer.ok()) return reducer.status();
+  Reducer& r = **reducer;
+
+  TrainReport report;
+  absl::Status status = loop.Run(
+      [&]() -> absl::StatusOr<float> {
+        r.ZeroGrad();
+        float loss = 0;
+        for (int m = 0; m < c.grad_accum; ++m) {
+          std::optional<Reducer::NoSyncScope> no_sync;
+          if (m + 1 < c.grad_accum) no_sync.emplace(r);
+          absl::StatusOr<float> micro_loss =
+              job.Forward([&](int l) { return LayerOf(params, l); });
+          if (!micro_loss.ok()) return micro_loss.status();
+          loss += *micro_loss;
+          // Backward produces each layer's gradients last layer first, and
+          // hands each to the reducer as soon as it is final, so the
+          // buckets of later layers are on the wire while earlier layers
+          // still compute.
+          for (int l = job.mlp.num_layers() - 1; l >= 0; --l) {
+            job.mlp.Backward(l, LayerOf(params, l),
+                             {r.grad(2 * l).data(), r.grad(2 * l + 1).data()});
+            if (absl::Status s = r.MarkReady(2 * l + 1); !s.ok()) return s;
+            if (absl::Status s = r.MarkReady(2 * l); !s.ok()) return s;
+          }
+          if (absl::Status s = r.Finish(); !s.ok()) return s;
+        }
+        absl::Status stepped = job.StepReplica(
+            params, [&](int i) { return absl::Span<const float>(r.grad(i)); });
+        if (!stepped.ok()) return stepped;
+        return loss;
+      },
+      report);
+  if (!status.ok()) return status;
+  report.comm_bytes = r.bytes_communicated();
+  job.ReportReplica(std::move(params), r.grad_bytes(), report);
+  return report;
+}
+
+absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
+                                      std::shared_ptr<ProcessGroup> group,
+                                      Loop& loop) {
+  Job job(c, group->size(), group->rank());
+  if (absl::Status s = job.Init(); !s.ok()) return s;
+  const int layers = job.mlp.num_layers();
+  std::vector<std::vector<size_t>> units;
+  for (int l = 0; l < layers; ++l) {
+    units.push_back({job.mlp.weight_size(l), job.mlp.bias_size(l)});
+  }
+  FsdpOptions options;
+  options.strategy = StrategyOf(c.mode);
+  options.prefetch = c.prefetch;
+  absl::StatusOr<std::unique_ptr<Fsdp>> created =
+      Fsdp::Create(group, std::move(units), options);
+  if (!created.ok()) return created.status();
+  Fsdp& fsdp = **created;
+  {
+    // Every rank builds the initial values (from the seed), but only rank
+    // 0's count: they are broadcast, then each rank keeps its shard.
+    const std::vector<std::vector<float>> initial = job.mlp.Init(c.seed);
+    std::vector<std::vector<absl::Span<const float>>> values(layers);
+    for (int l = 0; l < layers; ++l) {
+      values[l] = {initial[2 * l], initial[2 * l + 1]};
+    }
+    if (absl::Status s = fsdp.LoadFromRank0(values); !s.ok()) return s;
+  }
+
+  auto params_of = [&](int l) -> Mlp::LayerParams {
+    return {fsdp.param(l, 0).data(), fsdp.param(l, 1).data()};
+  };
+  TrainReport report;
+  absl::Status status = loop.Run(
+      [&]() -> absl::StatusOr<float> {
+        fsdp.ZeroGrad();
+        float loss = 0;
+        for (int m = 0; m < c.grad_accum; ++m) {
+          absl::StatusOr<float> micro_loss = job.Forward(
+              params_of, [&](int l) { return fsdp.BeginForward(l); },
+              [&](int l) { return fsdp.EndForward(l); });
+          if (!micro_loss.ok()) return micro_loss.status();
+          loss += *micro_loss;
+          for (int l = layers - 1; l >= 0; --l) {
+            if (absl::Status s = fsdp.BeginBackward(l); !s.ok()) return s;
+            job.mlp.Backward(l, params_of(l),
+                             {fsdp.grad(l, 0).data(), fsdp.grad(l, 1).data()});
+            if (absl::Status s = fsdp.EndBackward(l); !s.ok()) return s;
+          }
+          if (absl::Status s = fsdp.FinishBackward(); !s.ok()) return s;
+        }
+        if (absl::Status s = fsdp.Step(*job.optimizer); !s.ok()) return s;
+        return loss;
+      },
+      report);
+  if (!status.ok()) return status;
+  const FsdpMemory memory = fsdp.memory();
+  report.comm_bytes = fsdp.bytes_communicated();
+  report.param_bytes = memory.param_bytes;
+  report.grad_bytes = memory.grad_bytes;
+  report.optimizer_bytes = memory.optimizer_bytes;
+  report.peak_bytes = memory.peak_bytes;
+  std::vector<std::vector<float>> params;
+  for (int l = 0; l < layers; ++l) {
+    absl::StatusOr<std::vector<float>> full = fsdp.GatherFullParams(l);
+    if (!full.ok()) return full.status();
+    const size_t w = job.mlp.weight_size(l);
+    params.emplace_back(full->begin(), full->begin() + w);
+    params.emplace_back(full->begin() + w, full->end());
+  }
+  Finalize(std::move(params), report);
+  return report;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainMode> ParseTrainMode(absl::string_view name) {
+  for (size_t i = 0; i < std::size(kModeNames); ++i) {
+    if (name == kModeNames[i]) return static_cast<TrainMode>(i);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown mode '", name, "'; expected one of ",
+                   absl::StrJoin(kModeNames, ", ")));
+}
+
+absl::string_view TrainModeName(TrainMode mode) {
+  return kModeNames[static_cast<int>(mode)];
+}
+
+absl::StatusOr<TrainReport> Train(
+    const TrainConfig& config, std::shared_ptr<ProcessGroup> group,
+    const std::function<void(int step, float loss)>& on_log) {
+  const bool alone = config.mode == TrainMode::kLocal ||
+                     config.mode == TrainMode::kComputeOnly;
+  if (!alone && group == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mode ", TrainModeName(config.mode), " needs a process group"));
+  }
+  const int world = group != nullptr ? group->size() : 1;
+  const int rank = group != nullptr ? group->rank() : 0;
+  if (config.mode == TrainMode::kLocal && world != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mode local trains in one process; this job has ", world,
+                     " ranks (use ddp or fsdp)"));
+  }
+  if (absl::Status s = CheckConfig(config, world); !s.ok()) return s;
+  // compute_only must not communicate at all, not even the loss.
+  Loop loop{config,
+            config.mode == TrainMode::kComputeOnly ? nullptr : group.get(),
+            on_log};
+  if (alone) return TrainAlone(config, world, rank, loop);
+  if (IsFsdp(config.mode)) return TrainFsdp(config, std::move(group), loop);
+  return TrainDdp(config, std::move(group), loop);
+}
+
+}  // namespace cohort::examples

@@ -1,0 +1,155 @@
+// FSDP: fully sharded data parallelism, as torch.distributed.fsdp. The
+// model is split by the caller into units (groups of layers); each unit's
+// parameters are flattened into one buffer, padded to a multiple of the
+// world size, and every rank keeps only its 1/N slice (its shard) of the
+// parameters, of the gradients and of the optimizer state.
+// Framework-agnostic: the caller names its parameters by element count,
+// unit by unit, and brackets each unit's forward and backward:
+//
+//   auto fsdp = cohort::Fsdp::Create(group, {{w0, b0}, {w1, b1}}, {}).value();
+//   fsdp->LoadFromRank0(initial_values);                 // shards from rank 0
+//   for (step...) {
+//     for (u = 0 .. units-1) {                          // forward
+//       fsdp->BeginForward(u);    // all_gathers unit u (and prefetches u+1)
+//       Compute(fsdp->param(u, 0), fsdp->param(u, 1), ...);
+//       fsdp->EndForward(u);      // FULL_SHARD frees unit u's full params
+//     }
+//     for (u = units-1 .. 0) {                          // backward
+//       fsdp->BeginBackward(u);   // gathers again if freed (prefetches u-1)
+//       Gradients(fsdp->param(u, i), fsdp->grad(u, i));  // add into grad
+//       fsdp->EndBackward(u);     // reduce_scatter(AVG) into the grad shard
+//     }
+//     fsdp->FinishBackward();     // every gradient shard final
+//     fsdp->Step(*optimizer);     // each rank updates its shards only
+//     fsdp->ZeroGrad();
+//   }
+//
+// Strategies: FULL_SHARD frees a unit's full parameters after its forward
+// (the last unit's stay for the backward that follows at once) and after its
+// backward; SHARD_GRAD_OP keeps them from forward until after backward;
+// NO_SHARD keeps full parameters, gradients and optimizer state on every
+// rank and all_reduces (AVG) the gradients: DDP's arithmetic.
+//
+// Every rank calls the same sequence of these methods (they issue
+// collectives). Methods return FAILED_PRECONDITION for calls out of
+// sequence (param() of a unit not gathered, EndBackward without
+// BeginBackward...) and the group's error when a collective fails.
+#ifndef COHORT_WORKER_PARALLEL_FSDP_H_
+#define COHORT_WORKER_PARALLEL_FSDP_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "worker/collective/process_group.h"
+#include "worker/parallel/optimizer.h"
+
+namespace cohort {
+
+enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard };
+
+// "full_shard", "shard_grad_op", "no_shard" (INVALID_ARGUMENT otherwise).
+absl::StatusOr<ShardingStrategy> ParseShardingStrategy(absl::string_view name);
+absl::string_view ShardingStrategyName(ShardingStrategy strategy);
+
+struct FsdpOptions {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  // Start gathering the next unit (u+1 in forward, u-1 in backward) while
+  // the current one computes.
+  bool prefetch = true;
+};
+
+// Bytes this rank holds, by kind. The persistent part (shards, or full
+// tensors under NO_SHARD) lives for the whole run; the transient part is
+// what gathering holds between Begin* and its free.
+struct FsdpMemory {
+  size_t param_bytes = 0;      // Parameter shards (padded).
+  size_t grad_bytes = 0;       // Gradient shards.
+  size_t optimizer_bytes = 0;  // The optimizer's state, as of the last Step.
+  size_t gathered_param_bytes = 0;  // Full unit parameters held right now.
+  size_t gathered_grad_bytes = 0;   // Full unit gradients held right now.
+  size_t peak_bytes = 0;            // Highest sum of all of the above so far.
+
+  size_t persistent_bytes() const {
+    return param_bytes + grad_bytes + optimizer_bytes;
+  }
+};
+
+class Fsdp {
+ public:
+  // `units[u]` lists the element counts of unit u's parameters (f32). A
+  // collective: every rank calls it, and the ranks check that they all
+  // passed the same units (VerifySameSizes). INVALID_ARGUMENT for no units,
+  // an empty unit, a zero count, or ranks that disagree.
+  static absl::StatusOr<std::unique_ptr<Fsdp>> Create(
+      std::shared_ptr<ProcessGroup> group,
+      std::vector<std::vector<size_t>> units, const FsdpOptions& options = {});
+
+  // Waits for collectives still running.
+  ~Fsdp();
+
+  int num_units() const;
+  int num_params(int unit) const;
+  const FsdpOptions& options() const;
+  ProcessGroup& group() const;
+
+  // Unit u's flat size without padding, with padding, and per rank.
+  size_t unpadded_elements(int unit) const;
+  size_t padded_elements(int unit) const;
+  size_t shard_elements(int unit) const;
+
+  // Sets every parameter from rank 0's `values[u][i]` (other ranks' values
+  // are ignored but must have the same sizes): rank 0's flat units are
+  // broadcast and each rank keeps its shard. INVALID_ARGUMENT for sizes
+  // that do not match the units.
+  absl::Status LoadFromRank0(
+      const std::vector<std::vector<absl::Span<const float>>>& values);
+
+  absl::Status BeginForward(int unit);
+  absl::Status EndForward(int unit);
+  absl::Status BeginBackward(int unit);
+  absl::Status EndBackward(int unit);
+  // Waits for every gradient reduction of this backward and adds the
+  // results into the gradient shards (which accumulate until ZeroGrad()).
+  absl::Status FinishBackward();
+
+  // Unit u's parameter i at full size, between Begin* and the free that
+  // follows. An empty span (and a logged bug) outside that window.
+  absl::Span<const float> param(int unit, int index) const;
+  // Unit u's gradient i at full size, zero at BeginBackward; backward adds
+  // into it. Valid until EndBackward.
+  absl::Span<float> grad(int unit, int index);
+
+  // This rank's shard of unit u's flat parameters and gradients.
+  absl::Span<float> param_shard(int unit);
+  absl::Span<const float> grad_shard(int unit) const;
+
+  // optimizer.Step(u, param_shard(u), grad_shard(u)) for every unit u.
+  absl::Status Step(Optimizer& optimizer);
+  void ZeroGrad();
+
+  // Unit u's full parameters, unpadded and flat, on every rank (an
+  // all_gather; call it on every rank).
+  absl::StatusOr<std::vector<float>> GatherFullParams(int unit);
+
+  FsdpMemory memory() const;
+  // Bytes this rank has sent, by WireBytes() (process_group.h): per step,
+  // (n-1)/n of the flat parameters twice (all_gathers for forward and
+  // backward; once under SHARD_GRAD_OP) and of the gradients once
+  // (reduce_scatter); 0 at world size 1.
+  uint64_t bytes_communicated() const;
+
+ private:
+  struct State;
+  explicit Fsdp(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace cohort
+
+#endif  // COHORT_WORKER_PARALLEL_FSDP_H_

@@ -1,0 +1,63 @@
+// Element-wise optimizers over f32 tensors: SGD (with momentum) and Adam,
+// with torch.optim's update rules. Because every update is element-wise, an
+// optimizer stepping a shard of a tensor (FSDP) produces exactly the values
+// it would produce for that slice of the whole tensor (DDP, one process).
+//
+//   auto sgd = cohort::NewSgd({.lr = 0.05f, .momentum = 0.9f}).value();
+//   for (int i = 0; i < num_params; ++i) sgd->Step(i, params[i], grads[i]);
+#ifndef COHORT_WORKER_PARALLEL_OPTIMIZER_H_
+#define COHORT_WORKER_PARALLEL_OPTIMIZER_H_
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace cohort {
+
+struct SgdOptions {
+  float lr = 0.01f;
+  // torch.optim.SGD: buf = momentum * buf + grad (buf = grad on the first
+  // step); param -= lr * buf. 0 keeps no state.
+  float momentum = 0.0f;
+  // Added to the gradient as weight_decay * param before the update.
+  float weight_decay = 0.0f;
+};
+
+struct AdamOptions {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // L2, as torch.optim.Adam (not AdamW).
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+
+  // Updates `params` in place from `grads`. `slot` names the tensor (or
+  // shard) across steps: its state is created on first use, sized to it,
+  // and every later Step of the slot must pass the same size.
+  // INVALID_ARGUMENT if the sizes differ from each other or from the slot's
+  // state, or the slot is negative.
+  virtual absl::Status Step(int slot, absl::Span<float> params,
+                            absl::Span<const float> grads) = 0;
+
+  // Bytes of state held for all slots (momentum buffers, Adam's moments).
+  virtual size_t state_bytes() const = 0;
+
+  virtual absl::string_view name() const = 0;
+};
+
+// INVALID_ARGUMENT naming the option for a negative or non-finite lr,
+// momentum or weight_decay, betas outside [0, 1), or eps <= 0.
+absl::StatusOr<std::unique_ptr<Optimizer>> NewSgd(const SgdOptions& options);
+absl::StatusOr<std::unique_ptr<Optimizer>> NewAdam(const AdamOptions& options);
+
+}  // namespace cohort
+
+#endif  // COHORT_WORKER_PARALLEL_OPTIMIZER_H_
