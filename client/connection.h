@@ -51,6 +51,21 @@ struct ConnectionOptions {
   absl::Duration max_backoff = absl::Seconds(2);
 };
 
+// How Connection::Call runs one RPC.
+struct CallOptions {
+  // Whether the call is retried while cohortd is UNAVAILABLE (up to
+  // ConnectionOptions::max_attempts): only for calls that are safe to
+  // repeat, whose second run cannot change what the first did.
+  bool retry_unavailable = false;
+  // The call's deadline, from the moment it is sent.
+  absl::Duration deadline = absl::Seconds(30);
+
+  static CallOptions Retryable(absl::Duration deadline) {
+    return {true, deadline};
+  }
+  static CallOptions Once(absl::Duration deadline) { return {false, deadline}; }
+};
+
 class Connection {
  public:
   // INVALID_ARGUMENT for a malformed address or policy.
@@ -71,11 +86,10 @@ class Connection {
   // Sleeps for about `backoff` (jittered) and returns the next backoff.
   absl::Duration Backoff(absl::Duration backoff) const;
 
-  // Runs one unary RPC with connection waiting, a deadline and, if
-  // `retryable`, retries while cohortd is UNAVAILABLE.
+  // Runs one unary RPC after waiting for the connection, under
+  // `call.deadline`, retrying as `call` says. Errors are prefixed by `what`.
   template <typename Stub, typename Request, typename Response>
-  absl::Status Call(absl::string_view what, bool retryable,
-                    absl::Duration deadline, Stub* stub,
+  absl::Status Call(absl::string_view what, const CallOptions& call, Stub* stub,
                     grpc::Status (Stub::*method)(grpc::ClientContext*,
                                                  const Request&, Response*),
                     const Request& request, Response* response) {
@@ -87,11 +101,11 @@ class Connection {
                             absl::StrCat(what, ": ", connected.message()));
       }
       grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+      context.set_deadline(absl::ToChronoTime(absl::Now() + call.deadline));
       grpc::Status status = (stub->*method)(&context, request, response);
       if (status.ok()) return absl::OkStatus();
-      if (status.error_code() != grpc::StatusCode::UNAVAILABLE || !retryable ||
-          attempt >= options_.max_attempts) {
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+          !call.retry_unavailable || attempt >= options_.max_attempts) {
         return Explain(what, status, attempt);
       }
       backoff = Backoff(backoff);
@@ -113,8 +127,8 @@ class Connection {
 template <typename Response>
 class ResumingStream {
  public:
-  using Event = typename std::decay_t<
-      decltype(std::declval<Response>().events(0))>;
+  using Event =
+      typename std::decay_t<decltype(std::declval<Response>().events(0))>;
   using Open = std::function<std::unique_ptr<grpc::ClientReader<Response>>(
       grpc::ClientContext*, int64_t from_revision)>;
 

@@ -66,9 +66,10 @@ class GrpcGroupMember final : public GroupMember {
     for (const std::string& p : participants) req.add_participants(p);
     req.set_timeout_ms(ToMillis(timeout));
     v1::BarrierResponse resp;
-    return connection_->Call(absl::StrCat("barrier '", barrier_id, "'"), false,
-                             timeout + kServerTimeoutSlack, stub_.get(),
-                             &v1::Membership::Stub::Barrier, req, &resp);
+    return connection_->Call(absl::StrCat("barrier '", barrier_id, "'"),
+                             CallOptions::Once(timeout + kServerTimeoutSlack),
+                             stub_.get(), &v1::Membership::Stub::Barrier, req,
+                             &resp);
   }
 
   absl::Status ReportError(const std::string& message) override {
@@ -78,9 +79,10 @@ class GrpcGroupMember final : public GroupMember {
     req.set_incarnation(incarnation_);
     req.set_message(message);
     v1::ReportErrorResponse resp;
-    return connection_->Call("report error", true,
-                             connection_->options().rpc_timeout, stub_.get(),
-                             &v1::Membership::Stub::ReportError, req, &resp);
+    return connection_->Call(
+        "report error",
+        CallOptions::Retryable(connection_->options().rpc_timeout), stub_.get(),
+        &v1::Membership::Stub::ReportError, req, &resp);
   }
 
   absl::Status Leave() override {
@@ -95,9 +97,10 @@ class GrpcGroupMember final : public GroupMember {
     req.set_name(options_.name);
     req.set_incarnation(incarnation_);
     v1::LeaveGroupResponse resp;
-    return connection_->Call("leave group", true,
-                             connection_->options().rpc_timeout, stub_.get(),
-                             &v1::Membership::Stub::LeaveGroup, req, &resp);
+    return connection_->Call(
+        "leave group",
+        CallOptions::Retryable(connection_->options().rpc_timeout), stub_.get(),
+        &v1::Membership::Stub::LeaveGroup, req, &resp);
   }
 
  private:
@@ -200,7 +203,7 @@ class GrpcMembershipClient final : public MembershipClient {
     req.set_missed_heartbeats(options.missed_heartbeats);
     v1::JoinGroupResponse resp;
     if (absl::Status s = connection_->Call(
-            "join group", false, connection_->options().rpc_timeout,
+            "join group", CallOptions::Once(connection_->options().rpc_timeout),
             stub_.get(), &v1::Membership::Stub::JoinGroup, req, &resp);
         !s.ok()) {
       return s;
@@ -215,7 +218,8 @@ class GrpcMembershipClient final : public MembershipClient {
     req.set_group(group);
     v1::ListMembersResponse resp;
     if (absl::Status s = connection_->Call(
-            "list members", true, connection_->options().rpc_timeout,
+            "list members",
+            CallOptions::Retryable(connection_->options().rpc_timeout),
             stub_.get(), &v1::Membership::Stub::ListMembers, req, &resp);
         !s.ok()) {
       return s;

@@ -1,6 +1,6 @@
 #include "client/prefix_store.h"
 
-#include "client/in_process_store.h"
+#include "tests/in_process_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -1,12 +1,6 @@
 #include "client/remote_store.h"
 
-#include <algorithm>
-#include <random>
-#include <thread>
-
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
-#include "grpcpp/create_channel.h"
 
 namespace cohort {
 namespace {
@@ -36,8 +30,7 @@ absl::Status RemoteStore::Set(absl::string_view key, absl::string_view value) {
   req.set_key(std::string(key));
   req.set_value(std::string(value));
   v1::SetResponse resp;
-  return Call("set", true, connection_->options().rpc_timeout, &v1::Store::Stub::Set, req,
-              &resp);
+  return Call("set", Repeatable(), &v1::Store::Stub::Set, req, &resp);
 }
 
 absl::StatusOr<std::string> RemoteStore::Get(absl::string_view key,
@@ -46,22 +39,21 @@ absl::StatusOr<std::string> RemoteStore::Get(absl::string_view key,
   req.set_key(std::string(key));
   req.set_timeout_ms(ToMillis(timeout));
   v1::GetResponse resp;
-  if (absl::Status s = Call("get", true, timeout + kServerTimeoutSlack,
-                            &v1::Store::Stub::Get, req, &resp);
+  if (absl::Status s =
+          Call("get", Blocking(timeout), &v1::Store::Stub::Get, req, &resp);
       !s.ok()) {
     return s;
   }
   return std::move(*resp.mutable_value());
 }
 
-absl::StatusOr<int64_t> RemoteStore::Add(absl::string_view key,
-                                         int64_t delta) {
+absl::StatusOr<int64_t> RemoteStore::Add(absl::string_view key, int64_t delta) {
   v1::AddRequest req;
   req.set_key(std::string(key));
   req.set_delta(delta);
   v1::AddResponse resp;
-  if (absl::Status s = Call("add", false, connection_->options().rpc_timeout,
-                            &v1::Store::Stub::Add, req, &resp);
+  if (absl::Status s =
+          Call("add", NotRepeatable(), &v1::Store::Stub::Add, req, &resp);
       !s.ok()) {
     return s;
   }
@@ -76,7 +68,7 @@ absl::StatusOr<std::string> RemoteStore::CompareSet(absl::string_view key,
   req.set_expected(std::string(expected));
   req.set_desired(std::string(desired));
   v1::CompareSetResponse resp;
-  if (absl::Status s = Call("compare_set", false, connection_->options().rpc_timeout,
+  if (absl::Status s = Call("compare_set", NotRepeatable(),
                             &v1::Store::Stub::CompareSet, req, &resp);
       !s.ok()) {
     return s;
@@ -90,16 +82,15 @@ absl::Status RemoteStore::Wait(absl::Span<const std::string> keys,
   CopyKeys(keys, req.mutable_keys());
   req.set_timeout_ms(ToMillis(timeout));
   v1::WaitResponse resp;
-  return Call("wait", true, timeout + kServerTimeoutSlack,
-              &v1::Store::Stub::Wait, req, &resp);
+  return Call("wait", Blocking(timeout), &v1::Store::Stub::Wait, req, &resp);
 }
 
 absl::StatusOr<bool> RemoteStore::Check(absl::Span<const std::string> keys) {
   v1::CheckRequest req;
   CopyKeys(keys, req.mutable_keys());
   v1::CheckResponse resp;
-  if (absl::Status s = Call("check", true, connection_->options().rpc_timeout,
-                            &v1::Store::Stub::Check, req, &resp);
+  if (absl::Status s =
+          Call("check", Repeatable(), &v1::Store::Stub::Check, req, &resp);
       !s.ok()) {
     return s;
   }
@@ -113,8 +104,8 @@ absl::StatusOr<bool> RemoteStore::DeleteKey(absl::string_view key) {
   // Repeating a delete is harmless, but a retry that follows an applied
   // attempt reports false; callers that care use the revision-free answer
   // of the first attempt, so deletes are not retried.
-  if (absl::Status s = Call("delete", false, connection_->options().rpc_timeout,
-                            &v1::Store::Stub::Delete, req, &resp);
+  if (absl::Status s =
+          Call("delete", NotRepeatable(), &v1::Store::Stub::Delete, req, &resp);
       !s.ok()) {
     return s;
   }
@@ -124,8 +115,8 @@ absl::StatusOr<bool> RemoteStore::DeleteKey(absl::string_view key) {
 absl::StatusOr<int64_t> RemoteStore::NumKeys() {
   v1::NumKeysRequest req;
   v1::NumKeysResponse resp;
-  if (absl::Status s = Call("num_keys", true, connection_->options().rpc_timeout,
-                            &v1::Store::Stub::NumKeys, req, &resp);
+  if (absl::Status s =
+          Call("num_keys", Repeatable(), &v1::Store::Stub::NumKeys, req, &resp);
       !s.ok()) {
     return s;
   }
@@ -138,7 +129,7 @@ absl::StatusOr<std::vector<std::string>> RemoteStore::MultiGet(
   CopyKeys(keys, req.mutable_keys());
   req.set_timeout_ms(ToMillis(timeout));
   v1::MultiGetResponse resp;
-  if (absl::Status s = Call("multi_get", true, timeout + kServerTimeoutSlack,
+  if (absl::Status s = Call("multi_get", Blocking(timeout),
                             &v1::Store::Stub::MultiGet, req, &resp);
       !s.ok()) {
     return s;
@@ -155,8 +146,8 @@ absl::Status RemoteStore::MultiSet(absl::Span<const std::string> keys,
   CopyKeys(keys, req.mutable_keys());
   CopyKeys(values, req.mutable_values());
   v1::MultiSetResponse resp;
-  return Call("multi_set", true, connection_->options().rpc_timeout,
-              &v1::Store::Stub::MultiSet, req, &resp);
+  return Call("multi_set", Repeatable(), &v1::Store::Stub::MultiSet, req,
+              &resp);
 }
 
 absl::Status RemoteStore::Append(absl::string_view key,
@@ -165,8 +156,7 @@ absl::Status RemoteStore::Append(absl::string_view key,
   req.set_key(std::string(key));
   req.set_value(std::string(value));
   v1::AppendResponse resp;
-  return Call("append", false, connection_->options().rpc_timeout, &v1::Store::Stub::Append,
-              req, &resp);
+  return Call("append", NotRepeatable(), &v1::Store::Stub::Append, req, &resp);
 }
 
 absl::StatusOr<KeyList> RemoteStore::ListKeys(absl::string_view prefix) {
@@ -175,13 +165,14 @@ absl::StatusOr<KeyList> RemoteStore::ListKeys(absl::string_view prefix) {
   req.set_prefix(std::string(prefix));
   do {
     v1::ListKeysResponse resp;
-    if (absl::Status s = Call("list_keys", true, connection_->options().rpc_timeout,
+    if (absl::Status s = Call("list_keys", Repeatable(),
                               &v1::Store::Stub::ListKeys, req, &resp);
         !s.ok()) {
       return s;
     }
     if (req.page_token().empty()) list.revision = resp.revision();
-    for (std::string& k : *resp.mutable_keys()) list.keys.push_back(std::move(k));
+    for (std::string& k : *resp.mutable_keys())
+      list.keys.push_back(std::move(k));
     req.set_page_token(std::move(*resp.mutable_next_page_token()));
   } while (!req.page_token().empty());
   return list;

@@ -29,9 +29,7 @@ class RemoteStore final : public Store {
   static absl::StatusOr<std::unique_ptr<RemoteStore>> Connect(
       const RemoteStoreOptions& options);
 
-  const std::string& address() const {
-    return connection_->options().address;
-  }
+  const std::string& address() const { return connection_->options().address; }
 
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   using Store::Get;
@@ -63,14 +61,27 @@ class RemoteStore final : public Store {
 
   explicit RemoteStore(std::shared_ptr<Connection> connection);
 
+  // A call safe to repeat (a read, Set, MultiSet), retried while cohortd
+  // is unavailable; one that is not (Add, CompareSet, Delete, Append).
+  CallOptions Repeatable() const {
+    return CallOptions::Retryable(connection_->options().rpc_timeout);
+  }
+  CallOptions NotRepeatable() const {
+    return CallOptions::Once(connection_->options().rpc_timeout);
+  }
+  // A read that blocks on the server up to `timeout`: its deadline leaves
+  // the server time to answer with its own, better, timeout message.
+  CallOptions Blocking(absl::Duration timeout) const {
+    return CallOptions::Retryable(timeout + kServerTimeoutSlack);
+  }
+
   template <typename Request, typename Response>
-  absl::Status Call(absl::string_view what, bool retryable,
-                    absl::Duration deadline,
+  absl::Status Call(absl::string_view what, const CallOptions& call,
                     grpc::Status (v1::Store::Stub::*method)(
                         grpc::ClientContext*, const Request&, Response*),
                     const Request& request, Response* response) {
-    return connection_->Call(what, retryable, deadline, stub_.get(), method,
-                             request, response);
+    return connection_->Call(what, call, stub_.get(), method, request,
+                             response);
   }
 
   std::shared_ptr<Connection> connection_;

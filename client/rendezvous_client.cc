@@ -33,9 +33,9 @@ class GrpcRendezvousClient final : public RendezvousClient {
     // A retried join replaces the node's earlier one, so it is safe to
     // repeat while cohortd restarts.
     if (absl::Status s = connection_->Call(
-            "rendezvous join", true,
-            options.join_timeout + kServerTimeoutSlack, stub_.get(),
-            &v1::Rendezvous::Stub::Join, req, &resp);
+            "rendezvous join",
+            CallOptions::Retryable(options.join_timeout + kServerTimeoutSlack),
+            stub_.get(), &v1::Rendezvous::Stub::Join, req, &resp);
         !s.ok()) {
       return s;
     }
@@ -54,9 +54,9 @@ class GrpcRendezvousClient final : public RendezvousClient {
       v1::GetResponse value;
       v1::RunState state;
       if (absl::Status s = connection_->Call(
-              "rendezvous participants", true,
-              connection_->options().rpc_timeout, store_stub_.get(),
-              &v1::Store::Stub::Get, get, &value);
+              "rendezvous participants",
+              CallOptions::Retryable(connection_->options().rpc_timeout),
+              store_stub_.get(), &v1::Store::Stub::Get, get, &value);
           !s.ok()) {
         return s;
       }
@@ -79,18 +79,18 @@ class GrpcRendezvousClient final : public RendezvousClient {
     req.set_run_id(run_id);
     v1::RunState state;
     if (absl::Status s = connection_->Call(
-            "rendezvous state", true, connection_->options().rpc_timeout,
+            "rendezvous state",
+            CallOptions::Retryable(connection_->options().rpc_timeout),
             stub_.get(), &v1::Rendezvous::Stub::GetRunState, req, &state);
         !s.ok()) {
       return s;
     }
     RunStatus status;
     status.round = state.round();
-    status.phase = state.phase() == v1::RunState::COMPLETE
-                       ? RunStatus::Phase::kComplete
-                   : state.phase() == v1::RunState::CLOSED
-                       ? RunStatus::Phase::kClosed
-                       : RunStatus::Phase::kCollecting;
+    status.phase =
+        state.phase() == v1::RunState::COMPLETE ? RunStatus::Phase::kComplete
+        : state.phase() == v1::RunState::CLOSED ? RunStatus::Phase::kClosed
+                                                : RunStatus::Phase::kCollecting;
     status.num_participants = state.participants_size();
     status.num_waiting = state.num_waiting();
     status.min_nodes = state.min_nodes();
@@ -102,9 +102,9 @@ class GrpcRendezvousClient final : public RendezvousClient {
     v1::CloseRunRequest req;
     req.set_run_id(run_id);
     v1::CloseRunResponse resp;
-    return connection_->Call("close run", true,
-                             connection_->options().rpc_timeout, stub_.get(),
-                             &v1::Rendezvous::Stub::CloseRun, req, &resp);
+    return connection_->Call(
+        "close run", CallOptions::Retryable(connection_->options().rpc_timeout),
+        stub_.get(), &v1::Rendezvous::Stub::CloseRun, req, &resp);
   }
 
  private:

@@ -1,10 +1,12 @@
 // cohort::Store: the c10d-shaped key-value API that workers program against.
 //
 // Implementations: RemoteStore (cohortd over gRPC, remote_store.h),
-// PrefixStore (a namespace inside another store, prefix_store.h) and
-// InProcessStore (no server, for tests and single-process jobs,
-// in_process_store.h). The semantics are those of proto/cohort/v1/store.proto
-// whichever implementation is used.
+// TcpStoreClient (cohortd's or PyTorch's TCPStore port, tcpstore_client.h),
+// FileStore (a shared file, no server, file_store.h) and PrefixStore (a
+// namespace inside another store, prefix_store.h); tests also use
+// tests/in_process_store.h. The semantics are those of
+// proto/cohort/v1/store.proto whichever implementation is used; the c10d
+// rules and limits behind them are written once, in proto/c10d/rules.h.
 #ifndef COHORT_CLIENT_STORE_H_
 #define COHORT_CLIENT_STORE_H_
 
@@ -73,16 +75,15 @@ class Store {
 
   // Adds `delta` to the decimal int64 at `key` (missing counts as 0) and
   // returns the sum. FAILED_PRECONDITION if the value is not an integer.
-  virtual absl::StatusOr<int64_t> Add(absl::string_view key,
-                                      int64_t delta) = 0;
+  virtual absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) = 0;
 
   // c10d's compare_set: writes `desired` if the current value equals
   // `expected` (or the key is missing and `expected` is empty). Returns
   // `desired` when written, else the current value, or `expected` when the
   // key is missing.
-  virtual absl::StatusOr<std::string> CompareSet(
-      absl::string_view key, absl::string_view expected,
-      absl::string_view desired) = 0;
+  virtual absl::StatusOr<std::string> CompareSet(absl::string_view key,
+                                                 absl::string_view expected,
+                                                 absl::string_view desired) = 0;
 
   // Blocks until all `keys` exist, or DEADLINE_EXCEEDED naming the missing.
   virtual absl::Status Wait(absl::Span<const std::string> keys,

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/grpc_status.h"
 #include "cohort/v1/store.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "tests/cohortd_process.h"
@@ -488,10 +489,8 @@ class Checker {
     context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcDeadline));
     context.set_wait_for_ready(true);
     grpc::Status s = (stub_.get()->*method)(&context, request, response);
-    if (s.ok()) return absl::OkStatus();
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("verifying trial ", trial_, ": ", what,
-                                     ": ", s.error_message()));
+    return base::FromGrpcStatus(
+        s, absl::StrCat("verifying trial ", trial_, ": ", what));
   }
 
   absl::Status VerifyAll() {

@@ -1,4 +1,4 @@
-#include "client/in_process_store.h"
+#include "tests/in_process_store.h"
 
 #include <deque>
 #include <thread>
@@ -96,8 +96,8 @@ class InProcessWatch final : public WatchHandle {
 }  // namespace
 
 InProcessStore::InProcessStore(store::StoreLimits limits)
-    : store_(std::make_unique<store::KvStore>(store::NewMemoryEngine(),
-                                              limits)) {}
+    : store_(
+          std::make_unique<store::KvStore>(store::NewMemoryEngine(), limits)) {}
 
 InProcessStore::~InProcessStore() = default;
 
@@ -122,8 +122,7 @@ absl::Status InProcessStore::Set(absl::string_view key,
 
 absl::StatusOr<std::string> InProcessStore::Get(absl::string_view key,
                                                 absl::Duration timeout) {
-  absl::StatusOr<store::ReadResult> r =
-      Read({std::string(key)}, true, timeout);
+  absl::StatusOr<store::ReadResult> r = Read({std::string(key)}, true, timeout);
   if (!r.ok()) return r.status();
   return std::move(r->values.front());
 }
@@ -199,8 +198,8 @@ absl::StatusOr<KeyList> InProcessStore::ListKeys(absl::string_view prefix) {
 
 absl::StatusOr<std::unique_ptr<WatchHandle>> InProcessStore::Watch(
     absl::string_view prefix, int64_t from_revision, WatchCallback callback) {
-  auto watch = std::make_unique<InProcessWatch>(store_.get(),
-                                                std::move(callback));
+  auto watch =
+      std::make_unique<InProcessWatch>(store_.get(), std::move(callback));
   InProcessWatch* raw = watch.get();
   absl::StatusOr<store::KvStore::WatchStart> start = store_->Watch(
       prefix, from_revision,
