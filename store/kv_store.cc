@@ -3,17 +3,10 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "base/text.h"
 
 namespace cohort::store {
-
-using base::Quote;
-using base::QuoteList;
 
 struct KvStore::Waiter {
   WaitId id = 0;
@@ -43,8 +36,18 @@ size_t EventBytes(const Event& e) {
 
 }  // namespace
 
+c10d::Limits StoreLimits::c10d_limits() const {
+  c10d::Limits out;
+  out.max_key_bytes = max_key_bytes;
+  out.max_value_bytes = max_value_bytes;
+  out.max_keys_per_call = max_keys_per_call;
+  return out;
+}
+
 KvStore::KvStore(std::unique_ptr<KvEngine> engine, StoreLimits limits)
-    : limits_(limits), engine_(std::move(engine)) {
+    : limits_(limits),
+      rules_(limits.c10d_limits()),
+      engine_(std::move(engine)) {
   revision_ = engine_->revision();
   last_delete_revision_ = revision_;
   compacted_revision_ = revision_;
@@ -57,37 +60,6 @@ KvStore::~KvStore() {
 int64_t KvStore::revision() {
   absl::MutexLock lock(&mu_);
   return revision_;
-}
-
-absl::Status KvStore::ValidateKey(absl::string_view key) const {
-  if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
-  if (key.size() > limits_.max_key_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "key ", Quote(key), " is ", key.size(), " bytes, over the limit of ",
-        limits_.max_key_bytes, " bytes (max_key_bytes)"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status KvStore::ValidateValue(absl::string_view value) const {
-  if (value.size() > limits_.max_value_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("value is ", value.size(), " bytes, over the limit of ",
-                     limits_.max_value_bytes, " bytes (max_value_bytes)"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status KvStore::ValidateKeys(absl::Span<const std::string> keys) const {
-  if (keys.size() > limits_.max_keys_per_call) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request names ", keys.size(), " keys, over the limit of ",
-                     limits_.max_keys_per_call, " (max_keys_per_call)"));
-  }
-  for (const std::string& key : keys) {
-    if (absl::Status s = ValidateKey(key); !s.ok()) return s;
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> KvStore::CommitLocked(std::vector<Mutation> mutations,
@@ -213,144 +185,57 @@ void KvStore::UnindexWaiterLocked(const Waiter& waiter) {
   }
 }
 
+ChangeResult KvStore::ApplyOne(const Change& change) {
+  return std::move(ApplyBatch({&change, 1})[0]);
+}
+
 absl::StatusOr<int64_t> KvStore::Set(absl::string_view key,
                                      absl::string_view value) {
-  if (absl::Status s = ValidateKey(key); !s.ok()) return s;
-  if (absl::Status s = ValidateValue(value); !s.ok()) return s;
-  std::vector<Mutation> m(1);
-  m[0].key.assign(key.data(), key.size());
-  m[0].value.assign(value.data(), value.size());
-  Deferred deferred;
-  absl::StatusOr<int64_t> revision;
-  {
-    absl::MutexLock lock(&mu_);
-    revision = CommitLocked(std::move(m), deferred);
-  }
-  for (auto& fn : deferred) fn();
-  return revision;
+  ChangeResult r =
+      ApplyOne({.kind = Change::Kind::kSet, .key = key, .value = value});
+  if (!r.status.ok()) return r.status;
+  return r.revision;
 }
 
 absl::StatusOr<AddResult> KvStore::Add(absl::string_view key, int64_t delta) {
-  if (absl::Status s = ValidateKey(key); !s.ok()) return s;
-  Deferred deferred;
-  AddResult result;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::StatusOr<std::optional<std::string>> current = engine_->Get(key);
-    if (!current.ok()) return current.status();
-    int64_t value = 0;
-    if (current->has_value() && !absl::SimpleAtoi(**current, &value)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot add to key ", Quote(key), ": its value ", Quote(**current),
-          " is not a decimal int64 (was it written by set rather than add?)"));
-    }
-    if (__builtin_add_overflow(value, delta, &result.value)) {
-      return absl::OutOfRangeError(absl::StrCat("adding ", delta, " to key ",
-                                                Quote(key), " (value ", value,
-                                                ") overflows int64"));
-    }
-    std::vector<Mutation> m(1);
-    m[0].key.assign(key.data(), key.size());
-    m[0].value = absl::StrCat(result.value);
-    absl::StatusOr<int64_t> revision = CommitLocked(std::move(m), deferred);
-    if (!revision.ok()) return revision.status();
-    result.revision = *revision;
-  }
-  for (auto& fn : deferred) fn();
-  return result;
+  ChangeResult r =
+      ApplyOne({.kind = Change::Kind::kAdd, .key = key, .delta = delta});
+  if (!r.status.ok()) return r.status;
+  return AddResult{r.number, r.revision};
 }
 
 absl::StatusOr<CompareSetResult> KvStore::CompareSet(
     absl::string_view key, absl::string_view expected,
     absl::string_view desired) {
-  if (absl::Status s = ValidateKey(key); !s.ok()) return s;
-  if (absl::Status s = ValidateValue(desired); !s.ok()) return s;
-  Deferred deferred;
-  CompareSetResult result;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::StatusOr<std::optional<std::string>> current = engine_->Get(key);
-    if (!current.ok()) return current.status();
-    const bool write =
-        current->has_value() ? **current == expected : expected.empty();
-    if (!write) {
-      // c10d: a missing key returns `expected`, a mismatch the current value.
-      result.value =
-          current->has_value() ? std::move(**current) : std::string(expected);
-      result.revision = revision_;
-      return result;
-    }
-    std::vector<Mutation> m(1);
-    m[0].key.assign(key.data(), key.size());
-    m[0].value.assign(desired.data(), desired.size());
-    absl::StatusOr<int64_t> revision = CommitLocked(std::move(m), deferred);
-    if (!revision.ok()) return revision.status();
-    result.value.assign(desired.data(), desired.size());
-    result.swapped = true;
-    result.revision = *revision;
-  }
-  for (auto& fn : deferred) fn();
-  return result;
+  ChangeResult r = ApplyOne({.kind = Change::Kind::kCompareSet,
+                             .key = key,
+                             .value = desired,
+                             .expected = expected});
+  if (!r.status.ok()) return r.status;
+  return CompareSetResult{std::move(r.value), r.number == 1, r.revision};
 }
 
 absl::StatusOr<int64_t> KvStore::Append(absl::string_view key,
                                         absl::string_view value) {
-  if (absl::Status s = ValidateKey(key); !s.ok()) return s;
-  Deferred deferred;
-  absl::StatusOr<int64_t> revision;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::StatusOr<std::optional<std::string>> current = engine_->Get(key);
-    if (!current.ok()) return current.status();
-    std::vector<Mutation> m(1);
-    m[0].key.assign(key.data(), key.size());
-    if (current->has_value()) m[0].value = std::move(**current);
-    m[0].value.append(value.data(), value.size());
-    if (absl::Status s = ValidateValue(m[0].value); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("append to key ", Quote(key), ": ", s.message()));
-    }
-    revision = CommitLocked(std::move(m), deferred);
-  }
-  for (auto& fn : deferred) fn();
-  return revision;
+  ChangeResult r =
+      ApplyOne({.kind = Change::Kind::kAppend, .key = key, .value = value});
+  if (!r.status.ok()) return r.status;
+  return r.revision;
 }
 
 absl::StatusOr<DeleteResult> KvStore::Delete(absl::string_view key) {
-  if (absl::Status s = ValidateKey(key); !s.ok()) return s;
-  Deferred deferred;
-  DeleteResult result;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!engine_->Contains(key)) {
-      result.revision = revision_;
-      return result;
-    }
-    std::vector<Mutation> m(1);
-    m[0].kind = Mutation::Kind::kDelete;
-    m[0].key.assign(key.data(), key.size());
-    absl::StatusOr<int64_t> revision = CommitLocked(std::move(m), deferred);
-    if (!revision.ok()) return revision.status();
-    result.deleted = true;
-    result.revision = *revision;
-  }
-  for (auto& fn : deferred) fn();
-  return result;
+  ChangeResult r = ApplyOne({.kind = Change::Kind::kDelete, .key = key});
+  if (!r.status.ok()) return r.status;
+  return DeleteResult{r.number == 1, r.revision};
 }
 
 absl::StatusOr<int64_t> KvStore::MultiSet(
     absl::Span<const std::string> keys, absl::Span<const std::string> values) {
-  if (keys.size() != values.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "multi_set got ", keys.size(), " keys but ", values.size(), " values"));
+  if (absl::Status s = c10d::CheckMultiSet(rules_, keys, values); !s.ok()) {
+    return s;
   }
-  if (absl::Status s = ValidateKeys(keys); !s.ok()) return s;
   std::vector<Mutation> m(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (absl::Status s = ValidateValue(values[i]); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("key ", Quote(keys[i]), ": ", s.message()));
-    }
     m[i].key = keys[i];
     m[i].value = values[i];
   }
@@ -382,24 +267,29 @@ std::vector<ChangeResult> KvStore::ApplyBatch(
     };
     auto write = [&](size_t i, absl::string_view key,
                      std::optional<std::string> value) {
+      // Later changes read what this one wrote; the last one (a single
+      // call's only one) need not keep a copy.
+      const bool last = i + 1 == changes.size();
       Mutation m;
       m.key.assign(key.data(), key.size());
-      if (value.has_value()) {
-        m.value = *value;
-      } else {
+      if (!value.has_value()) {
         m.kind = Mutation::Kind::kDelete;
+      } else if (last) {
+        m.value = std::move(*value);
+      } else {
+        m.value = *value;
       }
       mutations.push_back(std::move(m));
       writers.push_back(i);
-      now[key] = std::move(value);
+      if (!last) now[key] = std::move(value);
     };
     for (size_t i = 0; i < changes.size(); ++i) {
       const Change& c = changes[i];
       ChangeResult& r = results[i];
-      r.status = ValidateKey(c.key);
+      r.status = c10d::CheckKey(rules_, c.key);
       if (r.status.ok() && (c.kind == Change::Kind::kSet ||
                             c.kind == Change::Kind::kCompareSet)) {
-        r.status = ValidateValue(c.value);
+        r.status = c10d::CheckValue(rules_, c.value);
       }
       if (!r.status.ok()) continue;
       if (c.kind == Change::Kind::kSet) {
@@ -407,6 +297,7 @@ std::vector<ChangeResult> KvStore::ApplyBatch(
         continue;
       }
       if (c.kind == Change::Kind::kDelete) {
+        // Whether the key exists, without reading its value.
         auto it = now.find(c.key);
         if (it != now.end() ? it->second.has_value()
                             : engine_->Contains(c.key)) {
@@ -420,46 +311,40 @@ std::vector<ChangeResult> KvStore::ApplyBatch(
         r.status = value.status();
         continue;
       }
+      const std::string* now_value = value->has_value() ? &**value : nullptr;
       switch (c.kind) {
-        case Change::Kind::kSet:
-          break;
         case Change::Kind::kAdd: {
-          int64_t old = 0;
-          if (value->has_value() && !absl::SimpleAtoi(**value, &old)) {
-            r.status = absl::FailedPreconditionError(absl::StrCat(
-                "cannot add to key ", Quote(c.key), ": its value ",
-                Quote(**value),
-                " is not a decimal int64 (was it written by set rather than "
-                "add?)"));
-          } else if (__builtin_add_overflow(old, c.delta, &r.number)) {
-            r.status = absl::OutOfRangeError(
-                absl::StrCat("adding ", c.delta, " to key ", Quote(c.key),
-                             " (value ", old, ") overflows int64"));
-          } else {
-            write(i, c.key, absl::StrCat(r.number));
+          absl::StatusOr<c10d::AddOutcome> sum =
+              c10d::Add(c.key, now_value, c.delta);
+          if (!sum.ok()) {
+            r.status = sum.status();
+            break;
           }
+          r.number = sum->value;
+          write(i, c.key, std::move(sum->text));
           break;
         }
-        case Change::Kind::kCompareSet:
-          if (value->has_value() ? **value == c.expected : c.expected.empty()) {
-            r.value.assign(c.value.data(), c.value.size());
+        case Change::Kind::kCompareSet: {
+          c10d::CompareSetOutcome cas =
+              c10d::CompareSet(now_value, c.expected, c.value);
+          r.value.assign(cas.result.data(), cas.result.size());
+          if (cas.write) {
+            r.number = 1;
             write(i, c.key, r.value);
-          } else {
-            r.value = value->has_value() ? std::move(**value)
-                                         : std::string(c.expected);
-          }
-          break;
-        case Change::Kind::kAppend: {
-          std::string appended = value->value_or("");
-          appended.append(c.value.data(), c.value.size());
-          if (absl::Status s = ValidateValue(appended); !s.ok()) {
-            r.status = absl::InvalidArgumentError(absl::StrCat(
-                "append to key ", Quote(c.key), ": ", s.message()));
-          } else {
-            write(i, c.key, std::move(appended));
           }
           break;
         }
+        case Change::Kind::kAppend: {
+          absl::StatusOr<std::string> appended =
+              c10d::Append(rules_, c.key, now_value, c.value);
+          if (!appended.ok()) {
+            r.status = appended.status();
+          } else {
+            write(i, c.key, std::move(*appended));
+          }
+          break;
+        }
+        case Change::Kind::kSet:
         case Change::Kind::kDelete:
           break;
       }
@@ -484,7 +369,7 @@ std::vector<ChangeResult> KvStore::ApplyBatch(
 }
 
 absl::StatusOr<CheckResult> KvStore::Check(absl::Span<const std::string> keys) {
-  if (absl::Status s = ValidateKeys(keys); !s.ok()) return s;
+  if (absl::Status s = c10d::CheckKeys(rules_, keys); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   CheckResult result;
   result.revision = revision_;
@@ -500,7 +385,7 @@ absl::StatusOr<CheckResult> KvStore::Check(absl::Span<const std::string> keys) {
 
 absl::StatusOr<std::optional<std::string>> KvStore::TryGet(
     absl::string_view key) {
-  if (absl::Status s = ValidateKey(key); !s.ok()) return s;
+  if (absl::Status s = c10d::CheckKey(rules_, key); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   return engine_->Get(key);
 }
@@ -513,7 +398,7 @@ absl::StatusOr<NumKeysResult> KvStore::NumKeys() {
 absl::StatusOr<ListResult> KvStore::ListKeys(absl::string_view prefix,
                                              size_t page_size,
                                              absl::string_view page_token) {
-  if (prefix.size() > limits_.max_key_bytes) return ValidateKey(prefix);
+  if (absl::Status s = c10d::CheckPrefix(rules_, prefix); !s.ok()) return s;
   if (page_size == 0) page_size = limits_.max_list_page;
   if (page_size > limits_.max_list_page) {
     return absl::InvalidArgumentError(
@@ -542,7 +427,7 @@ absl::StatusOr<ListResult> KvStore::ListKeys(absl::string_view prefix,
 KvStore::WaitId KvStore::WaitForKeys(std::vector<std::string> keys,
                                      bool read_values, absl::Duration timeout,
                                      ReadCallback done) {
-  if (absl::Status s = ValidateKeys(keys); !s.ok()) {
+  if (absl::Status s = c10d::CheckKeys(rules_, keys); !s.ok()) {
     done(s);
     return 0;
   }
@@ -652,18 +537,15 @@ void KvStore::OnWaitTimeout(WaitId id) {
       if (distinct.insert(key).second) missing.push_back(key);
     }
   }
-  waiter->done(absl::DeadlineExceededError(
-      absl::StrCat("timed out after ", absl::FormatDuration(waiter->timeout),
-                   " waiting for ", missing.size(), " of ", waiter->keys.size(),
-                   waiter->keys.size() == 1 ? " key" : " keys",
-                   "; missing: ", QuoteList(missing))));
+  waiter->done(
+      c10d::WaitTimeout(waiter->timeout, waiter->keys.size(), missing));
 }
 
 absl::StatusOr<KvStore::WatchStart> KvStore::Watch(absl::string_view prefix,
                                                    int64_t from_revision,
                                                    EventsCallback on_events,
                                                    CloseCallback on_close) {
-  if (prefix.size() > limits_.max_key_bytes) return ValidateKey(prefix);
+  if (absl::Status s = c10d::CheckPrefix(rules_, prefix); !s.ok()) return s;
   if (from_revision < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("from_revision must be >= 0, got ", from_revision));

@@ -30,20 +30,25 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "base/deadline_timer.h"
+#include "proto/c10d/rules.h"
 #include "store/kv_engine.h"
 
 namespace cohort::store {
 
 // Request limits. Violations fail with INVALID_ARGUMENT naming the limit.
 struct StoreLimits {
-  size_t max_key_bytes = 4096;
-  size_t max_value_bytes = 8 << 20;
-  size_t max_keys_per_call = 128 << 10;
+  // c10d's limits, with its defaults (proto/c10d/rules.h).
+  size_t max_key_bytes = c10d::Limits().max_key_bytes;
+  size_t max_value_bytes = c10d::Limits().max_value_bytes;
+  size_t max_keys_per_call = c10d::Limits().max_keys_per_call;
   size_t max_list_page = 10000;
   // Watch history kept in memory for resuming watches; the oldest changes
   // are dropped past either bound, and on restart.
   size_t history_events = 100000;
   size_t history_bytes = 64 << 20;
+
+  // The first three, for the rules every store follows.
+  c10d::Limits c10d_limits() const;
 };
 
 // c10d's default timeout for blocking calls.
@@ -100,8 +105,9 @@ struct Change {
 struct ChangeResult {
   // This change's own failure (the others still apply), or the commit's.
   absl::Status status;
-  int64_t number = 0;  // kAdd: the new value; kDelete: 1 if it deleted.
-  std::string value;   // kCompareSet: what CompareSet returns.
+  // kAdd: the new value; kCompareSet, kDelete: 1 if it wrote.
+  int64_t number = 0;
+  std::string value;  // kCompareSet: what CompareSet returns.
   int64_t revision = 0;
 };
 
@@ -133,10 +139,10 @@ class KvStore {
   KvStore& operator=(const KvStore&) = delete;
 
   const StoreLimits& limits() const { return limits_; }
-  absl::string_view engine_name() const { return engine_->name(); }
   int64_t revision() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Non-blocking operations; see proto/cohort/v1/store.proto for the rules.
+  // Non-blocking operations; see proto/cohort/v1/store.proto for the rules
+  // (written once, in proto/c10d/rules.h).
   // Each mutation returns the revision it created; one that changes nothing
   // (a failed CompareSet, deleting a missing key) returns the current one.
   absl::StatusOr<int64_t> Set(absl::string_view key, absl::string_view value);
@@ -222,9 +228,8 @@ class KvStore {
   // Callbacks collected under the lock and run after it is released.
   using Deferred = std::vector<std::function<void()>>;
 
-  absl::Status ValidateKey(absl::string_view key) const;
-  absl::Status ValidateValue(absl::string_view value) const;
-  absl::Status ValidateKeys(absl::Span<const std::string> keys) const;
+  // A batch of one: the single-key calls.
+  ChangeResult ApplyOne(const Change& change);
 
   // Applies `mutations` as one revision, records and publishes their events
   // and completes the waiters they satisfy (into `deferred`).
@@ -243,6 +248,7 @@ class KvStore {
   void TrimHistoryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StoreLimits limits_;
+  const c10d::Limits rules_;  // limits_.c10d_limits()
 
   absl::Mutex mu_;
   std::unique_ptr<KvEngine> engine_ ABSL_GUARDED_BY(mu_);
