@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Proves that the build enforces cohort's layering (../shared/STYLE.md,
+# README "Layout"): dependencies point one way,
+#   server -> store -> base      client -> proto -> base
+#   server -> proto              worker -> client
+# and inside worker/: parallel -> collective; launch stands alone.
+#
+# 1. No library or binary reaches a room it must not, even through others
+#    (bazel query; tests may cross rooms, so testonly targets are left out).
+# 2. `bazel build` rejects a new arrow against the design: for each
+#    forbidden arrow, a throwaway package in the source room names a target
+#    of the room it must not use, and analysis must fail on visibility. One
+#    allowed arrow is checked the same way, to show the probes themselves
+#    are sound.
+# Run by tools/test.sh before the tests; runs alone in ~1 minute.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+failures=0
+fail() {
+  echo "layering: FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+# Libraries and binaries of a room (a target pattern), tests left out.
+production() {
+  echo "(kind('cc_library|cc_binary', $1) except attr(testonly, 1, $1))"
+}
+
+no_path() {
+  local from=$1 to=$2 path
+  path=$(bazel query --noshow_progress --output=label \
+    "somepath($(production "$from"), $to)" 2>/dev/null)
+  if [[ -n $path ]]; then
+    fail "$from reaches $to:"$'\n'"$path"
+  else
+    echo "layering: ok: nothing in $from reaches $to"
+  fi
+}
+
+cohort_rooms=(//proto/... //store/... //server/... //client/... //worker/...)
+for room in "${cohort_rooms[@]}"; do no_path //base/... "$room"; done
+for room in //store/... //server/... //client/... //worker/...; do
+  no_path //proto/... "$room"
+done
+for room in //server/... //client/... //worker/...; do
+  no_path //store/... "$room"
+done
+for room in //client/... //worker/...; do no_path //server/... "$room"; done
+for room in //server/... //store/... //worker/...; do
+  no_path //client/... "$room"
+done
+for room in //server/... //store/...; do no_path //worker/... "$room"; done
+for room in //worker/parallel/... //worker/launch/...; do
+  no_path //worker/collective/... "$room"
+done
+for room in //worker/collective/... //worker/parallel/...; do
+  no_path //worker/launch/... "$room"
+done
+
+# Probe packages live only while this script runs.
+probes=()
+cleanup() { ((${#probes[@]})) && rm -rf "${probes[@]}"; return 0; }
+trap cleanup EXIT
+
+# probe ROOM_DIR TARGET ALLOWED(yes|no)
+probe() {
+  local dir=$1/layering_probe target=$2 allowed=$3 out
+  probes+=("$dir")
+  mkdir -p "$dir"
+  cat >"$dir/BUILD" <<EOF
+cc_library(
+    name = "probe",
+    deps = ["$target"],
+)
+EOF
+  if out=$(bazel build --nobuild --noshow_progress "//$dir:probe" 2>&1); then
+    [[ $allowed == yes ]] && echo "layering: ok: $1 may use $target" ||
+      fail "the build lets $1 use $target"
+  elif grep -q "is not visible from" <<<"$out"; then
+    [[ $allowed == no ]] && echo "layering: ok: the build rejects $1 -> $target" ||
+      fail "the build rejects $1 -> $target, an arrow of the design"
+  else
+    fail "probe $1 -> $target failed for another reason:"$'\n'"$out"
+  fi
+  rm -rf "$dir"
+}
+
+probe store //server:store_service no
+probe store //client:store no
+probe client //store:kv_store no
+probe client //server:membership no
+probe worker/collective //store:kv_store no
+probe worker/parallel //server:cohort_server no
+probe worker/collective //proto:store_cc_proto no
+probe worker/collective //worker/parallel:ddp no
+probe worker/launch //worker/collective:process_group no
+probe base //client:store no
+probe proto //store:kv_store no
+probe server //client:remote_store no
+probe server //store:kv_store yes
+
+if ((failures)); then
+  echo "layering: $failures check(s) failed" >&2
+  exit 1
+fi
+echo "layering: every check passed"
