@@ -15,17 +15,15 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "client/file_store_log.h"
 #include "base/text.h"
+#include "client/file_store_log.h"
+#include "proto/c10d/rules.h"
 
 namespace cohort {
 
 using base::Quote;
-using base::QuoteList;
 
 namespace {
 
@@ -46,13 +44,6 @@ constexpr int kMaxOpenAttempts = 100;
 absl::Status FileError(absl::string_view what, const std::string& path) {
   return absl::ErrnoToStatus(
       errno, absl::StrCat(what, " FileStore file \"", path, "\""));
-}
-
-absl::Status ValidateKeys(absl::Span<const std::string> keys) {
-  for (const std::string& key : keys) {
-    if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
-  }
-  return absl::OkStatus();
 }
 
 bool PreadAll(int fd, std::string& buf, int64_t offset) {
@@ -199,10 +190,17 @@ class FileStore::FileWatch final : public WatchHandle {
 
 absl::StatusOr<std::unique_ptr<FileStore>> FileStore::Open(
     const std::string& path, int num_workers) {
+  FileStoreOptions options;
+  options.num_workers = num_workers;
+  return Open(path, options);
+}
+
+absl::StatusOr<std::unique_ptr<FileStore>> FileStore::Open(
+    const std::string& path, const FileStoreOptions& options) {
   for (int attempt = 0; attempt < kMaxOpenAttempts; ++attempt) {
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return FileError("cannot open or create", path);
-    std::unique_ptr<FileStore> store(new FileStore(path, fd, num_workers));
+    std::unique_ptr<FileStore> store(new FileStore(path, fd, options));
     absl::StatusOr<bool> joined = store->Join();
     if (!joined.ok()) return joined.status();
     if (*joined) return store;
@@ -212,8 +210,11 @@ absl::StatusOr<std::unique_ptr<FileStore>> FileStore::Open(
       " times while being opened; are its users closing it in a loop?"));
 }
 
-FileStore::FileStore(std::string path, int fd, int num_workers)
-    : path_(std::move(path)), num_workers_(num_workers), fd_(fd) {}
+FileStore::FileStore(std::string path, int fd, const FileStoreOptions& options)
+    : path_(std::move(path)),
+      num_workers_(options.num_workers),
+      limits_(options.limits),
+      fd_(fd) {}
 
 FileStore::~FileStore() {
   Leave();
@@ -353,7 +354,7 @@ absl::Status FileStore::Commit(std::vector<Mutation> mutations) {
 
 absl::StatusOr<std::vector<std::string>> FileStore::Read(
     absl::Span<const std::string> keys, bool values, absl::Duration timeout) {
-  if (absl::Status s = ValidateKeys(keys); !s.ok()) return s;
+  if (absl::Status s = c10d::CheckKeys(limits_, keys); !s.ok()) return s;
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration poll = kMinPoll;
   for (;;) {
@@ -376,11 +377,7 @@ absl::StatusOr<std::vector<std::string>> FileStore::Read(
     if (missing.empty()) return out;
     const absl::Time now = absl::Now();
     if (now >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("timed out after ", absl::FormatDuration(timeout),
-                       " waiting for ", missing.size(), " of ", keys.size(),
-                       keys.size() == 1 ? " key" : " keys",
-                       "; missing: ", QuoteList(missing)));
+      return c10d::WaitTimeout(timeout, keys.size(), missing);
     }
     absl::SleepFor(std::min(poll, deadline - now));
     poll = std::min(poll * 2, kMaxPoll);
@@ -388,7 +385,8 @@ absl::StatusOr<std::vector<std::string>> FileStore::Read(
 }
 
 absl::Status FileStore::Set(absl::string_view key, absl::string_view value) {
-  if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
+  if (absl::Status s = c10d::CheckKey(limits_, key); !s.ok()) return s;
+  if (absl::Status s = c10d::CheckValue(limits_, value); !s.ok()) return s;
   return Commit({{std::string(key), std::string(value)}});
 }
 
@@ -401,46 +399,34 @@ absl::StatusOr<std::string> FileStore::Get(absl::string_view key,
 }
 
 absl::StatusOr<int64_t> FileStore::Add(absl::string_view key, int64_t delta) {
-  if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
+  if (absl::Status s = c10d::CheckKey(limits_, key); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   FileLock file(fd_, path_);
   if (absl::Status s = SyncLocked(file); !s.ok()) return s;
-  int64_t value = 0, sum = 0;
-  auto it = data_.find(key);
-  if (it != data_.end() && !absl::SimpleAtoi(it->second, &value)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot add to key ", Quote(key), ": its value ", Quote(it->second),
-        " is not a decimal int64 (was it written by set rather than add?)"));
-  }
-  if (__builtin_add_overflow(value, delta, &sum)) {
-    return absl::OutOfRangeError(absl::StrCat("adding ", delta, " to key ",
-                                              Quote(key), " (value ", value,
-                                              ") overflows int64"));
-  }
+  absl::StatusOr<c10d::AddOutcome> sum = c10d::Add(key, FindLocked(key), delta);
+  if (!sum.ok()) return sum.status();
   absl::Status s =
-      AppendLocked(kBatch, {{std::string(key), absl::StrCat(sum)}});
+      AppendLocked(kBatch, {{std::string(key), std::move(sum->text)}});
   if (!s.ok()) return s;
-  return sum;
+  return sum->value;
 }
 
 absl::StatusOr<std::string> FileStore::CompareSet(absl::string_view key,
                                                   absl::string_view expected,
                                                   absl::string_view desired) {
-  if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
+  if (absl::Status s = c10d::CheckKey(limits_, key); !s.ok()) return s;
+  if (absl::Status s = c10d::CheckValue(limits_, desired); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   FileLock file(fd_, path_);
   if (absl::Status s = SyncLocked(file); !s.ok()) return s;
-  auto it = data_.find(key);
-  const bool write =
-      it == data_.end() ? expected.empty() : it->second == expected;
-  if (!write) {
-    // c10d: a missing key returns `expected`, a mismatch the current value.
-    return it == data_.end() ? std::string(expected) : it->second;
-  }
+  const c10d::CompareSetOutcome cas =
+      c10d::CompareSet(FindLocked(key), expected, desired);
+  std::string result(cas.result);
+  if (!cas.write) return result;
   absl::Status s =
       AppendLocked(kBatch, {{std::string(key), std::string(desired)}});
   if (!s.ok()) return s;
-  return std::string(desired);
+  return result;
 }
 
 absl::Status FileStore::Wait(absl::Span<const std::string> keys,
@@ -449,7 +435,7 @@ absl::Status FileStore::Wait(absl::Span<const std::string> keys,
 }
 
 absl::StatusOr<bool> FileStore::Check(absl::Span<const std::string> keys) {
-  if (absl::Status s = ValidateKeys(keys); !s.ok()) return s;
+  if (absl::Status s = c10d::CheckKeys(limits_, keys); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   FileLock file(fd_, path_);
   if (absl::Status s = SyncLocked(file); !s.ok()) return s;
@@ -460,7 +446,7 @@ absl::StatusOr<bool> FileStore::Check(absl::Span<const std::string> keys) {
 }
 
 absl::StatusOr<bool> FileStore::DeleteKey(absl::string_view key) {
-  if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
+  if (absl::Status s = c10d::CheckKey(limits_, key); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   FileLock file(fd_, path_);
   if (absl::Status s = SyncLocked(file); !s.ok()) return s;
@@ -486,11 +472,9 @@ absl::StatusOr<std::vector<std::string>> FileStore::MultiGet(
 
 absl::Status FileStore::MultiSet(absl::Span<const std::string> keys,
                                  absl::Span<const std::string> values) {
-  if (keys.size() != values.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "multi_set got ", keys.size(), " keys but ", values.size(), " values"));
+  if (absl::Status s = c10d::CheckMultiSet(limits_, keys, values); !s.ok()) {
+    return s;
   }
-  if (absl::Status s = ValidateKeys(keys); !s.ok()) return s;
   if (keys.empty()) return absl::OkStatus();
   std::vector<Mutation> batch(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -501,19 +485,18 @@ absl::Status FileStore::MultiSet(absl::Span<const std::string> keys,
 }
 
 absl::Status FileStore::Append(absl::string_view key, absl::string_view value) {
-  if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
+  if (absl::Status s = c10d::CheckKey(limits_, key); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   FileLock file(fd_, path_);
   if (absl::Status s = SyncLocked(file); !s.ok()) return s;
-  Mutation m;
-  m.key = std::string(key);
-  auto it = data_.find(m.key);
-  if (it != data_.end()) m.value = it->second;
-  m.value.append(value.data(), value.size());
-  return AppendLocked(kBatch, {std::move(m)});
+  absl::StatusOr<std::string> appended =
+      c10d::Append(limits_, key, FindLocked(key), value);
+  if (!appended.ok()) return appended.status();
+  return AppendLocked(kBatch, {{std::string(key), std::move(*appended)}});
 }
 
 absl::StatusOr<KeyList> FileStore::ListKeys(absl::string_view prefix) {
+  if (absl::Status s = c10d::CheckPrefix(limits_, prefix); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   FileLock file(fd_, path_);
   if (absl::Status s = SyncLocked(file); !s.ok()) return s;
@@ -528,6 +511,7 @@ absl::StatusOr<KeyList> FileStore::ListKeys(absl::string_view prefix) {
 
 absl::StatusOr<std::unique_ptr<WatchHandle>> FileStore::Watch(
     absl::string_view prefix, int64_t from_revision, WatchCallback callback) {
+  if (absl::Status s = c10d::CheckPrefix(limits_, prefix); !s.ok()) return s;
   if (from_revision < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("from_revision must be >= 0, got ", from_revision));
@@ -562,6 +546,11 @@ absl::StatusOr<std::unique_ptr<WatchHandle>> FileStore::Watch(
   }
   watch->Start();
   return std::unique_ptr<WatchHandle>(std::move(watch));
+}
+
+const std::string* FileStore::FindLocked(absl::string_view key) const {
+  auto it = data_.find(key);
+  return it == data_.end() ? nullptr : &it->second;
 }
 
 void FileStore::Unregister(FileWatch* watch) {

@@ -13,6 +13,10 @@
 // one revision. The log is never compacted, so Watch can replay from any
 // revision, and the file grows with every change.
 //
+// c10d's rules and cohort's request limits are those of every store
+// (proto/c10d/rules.h): a key, value or call over FileStoreOptions::limits
+// fails with INVALID_ARGUMENT naming the limit, as it would on cohortd.
+//
 // Thread-safe. A FileStore must not be used in a child of fork(): the child
 // shares its lock. Open a new one there.
 #ifndef COHORT_CLIENT_FILE_STORE_H_
@@ -28,19 +32,29 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "client/store.h"
+#include "proto/c10d/rules.h"
 
 namespace cohort {
 namespace file_store_internal {
 struct Mutation;  // One set or delete in a record; see file_store.cc.
 }  // namespace file_store_internal
 
+struct FileStoreOptions {
+  // > 0 makes the store remove the file when num_workers stores have been
+  // closed and none is open (c10d's cleanup); -1 keeps it.
+  int num_workers = -1;
+  // Key, value and keys-per-call limits; the defaults are cohortd's.
+  c10d::Limits limits;
+};
+
 class FileStore final : public Store {
  public:
   // Opens the store in the file at `path`, creating the file if missing.
-  // `num_workers` > 0 makes the store remove the file when num_workers
-  // stores have been closed and none is open (c10d's cleanup); -1 keeps it.
   // Errors name the path: the file cannot be opened or locked, or it is not
   // a FileStore file (FAILED_PRECONDITION), or is corrupt (DATA_LOSS).
+  static absl::StatusOr<std::unique_ptr<FileStore>> Open(
+      const std::string& path, const FileStoreOptions& options);
+  // The same with default limits.
   static absl::StatusOr<std::unique_ptr<FileStore>> Open(
       const std::string& path, int num_workers = -1);
 
@@ -83,7 +97,7 @@ class FileStore final : public Store {
   class FileWatch;
   class FileLock;
 
-  FileStore(std::string path, int fd, int num_workers);
+  FileStore(std::string path, int fd, const FileStoreOptions& options);
 
   // Locks the file, checks it is still the one at path_ and records this
   // store's open. False if the file was removed meanwhile (open it again).
@@ -108,9 +122,13 @@ class FileStore final : public Store {
   absl::StatusOr<std::vector<std::string>> Read(
       absl::Span<const std::string> keys, bool values, absl::Duration timeout);
   void Unregister(FileWatch* watch);
+  // The value of `key`, or null; valid until data_ changes.
+  const std::string* FindLocked(absl::string_view key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
   const int num_workers_;
+  const c10d::Limits limits_;
   // The file lock belongs to the open file, shared by this store's threads,
   // so they take mu_ before it.
   absl::Mutex mu_;

@@ -137,6 +137,54 @@ TEST(FileStoreTest, EmptyKeyIsInvalid) {
   EXPECT_EQ(*store->NumKeys(), 0);
 }
 
+// The same limits, and texts, as cohortd's (store/kv_store_test.cc's
+// LimitsAreEnforcedAndNamed): FileStore once enforced none.
+TEST(FileStoreTest, LimitsAreEnforcedAndNamed) {
+  FileStoreOptions options;
+  options.limits = {
+      .max_key_bytes = 8, .max_value_bytes = 16, .max_keys_per_call = 3};
+  absl::StatusOr<std::unique_ptr<FileStore>> opened =
+      FileStore::Open(TestPath(), options);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  FileStore& store = **opened;
+  auto expect_invalid = [](const absl::Status& s, absl::string_view text) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(s.message(), text);
+  };
+  expect_invalid(store.Set("123456789", "v"),
+                 "key \"123456789\" is 9 bytes, over the limit of 8 bytes "
+                 "(max_key_bytes)");
+  expect_invalid(store.Set("k", std::string(17, 'x')),
+                 "value is 17 bytes, over the limit of 16 bytes "
+                 "(max_value_bytes)");
+  expect_invalid(store.CompareSet("k", "", std::string(17, 'x')).status(),
+                 "value is 17 bytes, over the limit of 16 bytes "
+                 "(max_value_bytes)");
+  expect_invalid(store.Check({"a", "b", "c", "d"}).status(),
+                 "request names 4 keys, over the limit of 3 "
+                 "(max_keys_per_call)");
+  expect_invalid(store.Wait({"a", "b", "c", "d"}),
+                 "request names 4 keys, over the limit of 3 "
+                 "(max_keys_per_call)");
+  expect_invalid(store.MultiSet({"a", "b"}, {"1", std::string(17, 'x')}),
+                 "key \"b\": value is 17 bytes, over the limit of 16 bytes "
+                 "(max_value_bytes)");
+  EXPECT_THAT(store.ListKeys("123456789").status().message(),
+              HasSubstr("(max_key_bytes)"));
+  ASSERT_TRUE(store.Set("k", std::string(16, 'x')).ok());
+  expect_invalid(store.Append("k", "y"),
+                 "append to key \"k\": value is 17 bytes, over the limit of "
+                 "16 bytes (max_value_bytes)");
+  EXPECT_EQ(*store.Get("k"), std::string(16, 'x'));
+  EXPECT_EQ(*store.NumKeys(), 1);
+
+  // The defaults are cohortd's.
+  auto defaults = MustOpen(TestPath() + "_defaults");
+  EXPECT_TRUE(defaults->Set(std::string(4096, 'k'), "v").ok());
+  EXPECT_EQ(defaults->Set(std::string(4097, 'k'), "v").code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(FileStoreTest, WaitTimeoutNamesMissingKeys) {
   auto store = MustOpen(TestPath());
   ASSERT_TRUE(store->Set("c", "1").ok());
