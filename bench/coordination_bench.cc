@@ -133,7 +133,8 @@ int main(int argc, char** argv) {
     JoinCall& call = joins[i];
     call.request.set_run_id(run);
     call.request.set_node_id(absl::StrFormat("node-%06d", i));
-    call.request.set_address(absl::StrFormat("10.0.%d.%d:29400", i / 256, i % 256));
+    call.request.set_address(
+        absl::StrFormat("10.0.%d.%d:29400", i / 256, i % 256));
     call.request.set_local_world_size(8);
     call.request.set_min_nodes(n);
     call.request.set_max_nodes(n);
@@ -173,8 +174,8 @@ int main(int argc, char** argv) {
     if (grpc::Status s = fetched.Wait(); !s.ok()) return Fail("peer list", s);
     const absl::Duration fetch = absl::Now() - fetch_start;
     std::printf(
-        "cohort rendezvous+peer-lists nodes=%d list_bytes=%zu wall_s=%.3f\n",
-        n, gets[0].response.value().size(),
+        "cohort rendezvous+peer-lists nodes=%d list_bytes=%zu wall_s=%.3f\n", n,
+        gets[0].response.value().size(),
         absl::ToDoubleSeconds(rendezvous + fetch));
   }
 
@@ -197,7 +198,8 @@ int main(int argc, char** argv) {
   if (grpc::Status s = grouped.Wait(); !s.ok()) return Fail("join group", s);
   const absl::Duration join_group = absl::Now() - start;
 
-  using BarrierCall = Call<cohort::v1::BarrierRequest, cohort::v1::BarrierResponse>;
+  using BarrierCall =
+      Call<cohort::v1::BarrierRequest, cohort::v1::BarrierResponse>;
   std::vector<BarrierCall> barriers(n);
   Completion passed(n);
   start = absl::Now();

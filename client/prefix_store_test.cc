@@ -1,8 +1,8 @@
 #include "client/prefix_store.h"
 
-#include "tests/in_process_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/in_process_store.h"
 
 namespace cohort {
 namespace {
@@ -62,10 +62,10 @@ TEST(PrefixStoreTest, WatchStripsThePrefix) {
   ASSERT_TRUE(base->Set("elsewhere", "1").ok());
   ASSERT_TRUE(store.Set("mine", "1").ok());
   absl::MutexLock l(&mu);
-  mu.AwaitWithTimeout(absl::Condition(
-                          +[](std::vector<std::string>* k) { return !k->empty(); },
-                          &keys),
-                      absl::Seconds(5));
+  mu.AwaitWithTimeout(
+      absl::Condition(
+          +[](std::vector<std::string>* k) { return !k->empty(); }, &keys),
+      absl::Seconds(5));
   EXPECT_THAT(keys, ElementsAre("mine"));
 }
 

@@ -110,7 +110,8 @@ absl::StatusOr<int> ListenExclusive(const std::string& address, int* port_out) {
     // one port. SO_REUSEPORT, which would, stays off.
     int one = 1;
     setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(s, ai->ai_addr, ai->ai_addrlen) == 0 && listen(s, MaxBacklog()) == 0) {
+    if (bind(s, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        listen(s, MaxBacklog()) == 0) {
       fd = s;
     } else {
       absl::StrAppend(&errors, errors.empty() ? "" : "; ", strerror(errno));

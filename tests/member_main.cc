@@ -26,13 +26,16 @@ int main(int argc, char** argv) {
   options.name = absl::GetFlag(FLAGS_name);
   options.rank = absl::GetFlag(FLAGS_rank);
   options.host = absl::GetFlag(FLAGS_host);
-  options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_interval_ms));
+  options.heartbeat_interval =
+      absl::Milliseconds(absl::GetFlag(FLAGS_interval_ms));
   auto member = (*client)->JoinGroup(options);
   if (!member.ok()) {
-    std::fprintf(stderr, "join failed: %s\n", member.status().ToString().c_str());
+    std::fprintf(stderr, "join failed: %s\n",
+                 member.status().ToString().c_str());
     return 1;
   }
-  std::printf("joined %lld\n", static_cast<long long>((*member)->incarnation()));
+  std::printf("joined %lld\n",
+              static_cast<long long>((*member)->incarnation()));
   std::fflush(stdout);
   for (;;) pause();
 }

@@ -96,13 +96,14 @@ TEST_F(RemoteStoreTest, BlockedGetIsReleasedBySetFromAnotherClient) {
 }
 
 TEST_F(RemoteStoreTest, TimeoutsNameTheMissingKeys) {
-  absl::StatusOr<std::string> v = client_->Get("absent", absl::Milliseconds(100));
+  absl::StatusOr<std::string> v =
+      client_->Get("absent", absl::Milliseconds(100));
   EXPECT_EQ(v.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(v.status().message(), HasSubstr("\"absent\""));
 
   ASSERT_TRUE(client_->Set("here", "1").ok());
-  absl::Status w = client_->Wait({"here", "gone1", "gone2"},
-                                 absl::Milliseconds(100));
+  absl::Status w =
+      client_->Wait({"here", "gone1", "gone2"}, absl::Milliseconds(100));
   EXPECT_EQ(w.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(w.message(), HasSubstr("2 of 3 keys"));
   EXPECT_THAT(w.message(), HasSubstr("\"gone1\", \"gone2\""));
@@ -182,9 +183,9 @@ TEST_F(RemoteStoreTest, WatchDeliversChangesAndResumes) {
   std::vector<std::string> seen;
   auto watch = client_->Watch("job/", 0, [&](const WatchEvent& e) {
     absl::MutexLock l(&mu);
-    seen.push_back(absl::StrCat(
-        e.type == WatchEvent::Type::kPut ? "put " : "del ", e.key, "=",
-        e.value));
+    seen.push_back(
+        absl::StrCat(e.type == WatchEvent::Type::kPut ? "put " : "del ", e.key,
+                     "=", e.value));
   });
   ASSERT_TRUE(watch.ok());
   ASSERT_TRUE(client_->Set("job/a", "1").ok());
@@ -206,11 +207,11 @@ TEST_F(RemoteStoreTest, WatchDeliversChangesAndResumes) {
   ASSERT_TRUE(client_->Set("job/b", "2").ok());
   std::vector<std::string> replayed;
   absl::Notification got;
-  auto resumed = client_->Watch("job/", list.revision + 1,
-                                [&](const WatchEvent& e) {
-                                  replayed.push_back(e.key);
-                                  got.Notify();
-                                });
+  auto resumed =
+      client_->Watch("job/", list.revision + 1, [&](const WatchEvent& e) {
+        replayed.push_back(e.key);
+        got.Notify();
+      });
   ASSERT_TRUE(resumed.ok());
   ASSERT_TRUE(got.WaitForNotificationWithTimeout(absl::Seconds(5)));
   (*resumed)->Cancel();
