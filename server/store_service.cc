@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/c10d/rules.h"
 #include "server/reactors.h"
 
 namespace cohort::server {
@@ -14,10 +15,9 @@ using store::ReadResult;
 
 absl::StatusOr<absl::Duration> RequestTimeout(int64_t timeout_ms) {
   if (timeout_ms < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("timeout_ms must be >= 0 (0 means the default of ",
-                     absl::FormatDuration(store::kDefaultTimeout), "), got ",
-                     timeout_ms));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "timeout_ms must be >= 0 (0 means the default of ",
+        absl::FormatDuration(store::kDefaultTimeout), "), got ", timeout_ms));
   }
   if (timeout_ms == 0) return store::kDefaultTimeout;
   return absl::Milliseconds(timeout_ms);
@@ -59,13 +59,15 @@ size_t AppendEvent(store::Event& e, v1::WatchResponse& msg) {
 
 }  // namespace
 
-
 StoreService::StoreService(store::KvStore* store, StoreServiceOptions options)
     : store_(store), options_(options) {}
 
 grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* ctx,
                                             const v1::SetRequest* req,
                                             v1::SetResponse* resp) {
+  if (absl::Status s = c10d::CheckClientWrite(req->key()); !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   absl::StatusOr<int64_t> r = store_->Set(req->key(), req->value());
   if (r.ok()) resp->set_revision(*r);
   return FinishNow(ctx, r.status());
@@ -86,6 +88,9 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* ctx,
                                             const v1::AddRequest* req,
                                             v1::AddResponse* resp) {
+  if (absl::Status s = c10d::CheckClientWrite(req->key()); !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   absl::StatusOr<store::AddResult> r = store_->Add(req->key(), req->delta());
   if (r.ok()) {
     resp->set_value(r->value);
@@ -97,6 +102,9 @@ grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* StoreService::CompareSet(
     grpc::CallbackServerContext* ctx, const v1::CompareSetRequest* req,
     v1::CompareSetResponse* resp) {
+  if (absl::Status s = c10d::CheckClientWrite(req->key()); !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   absl::StatusOr<store::CompareSetResult> r =
       store_->CompareSet(req->key(), req->expected(), req->desired());
   if (r.ok()) {
@@ -112,8 +120,7 @@ grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* ctx,
                                              v1::WaitResponse* resp) {
   absl::StatusOr<absl::Duration> timeout = RequestTimeout(req->timeout_ms());
   if (!timeout.ok()) return FinishNow(ctx, timeout.status());
-  return WaitFor(store_, ToVector(req->keys()), /*read_values=*/false,
-                 *timeout,
+  return WaitFor(store_, ToVector(req->keys()), /*read_values=*/false, *timeout,
                  [resp](ReadResult& r) { resp->set_revision(r.revision); });
 }
 
@@ -131,6 +138,9 @@ grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* StoreService::Delete(grpc::CallbackServerContext* ctx,
                                                const v1::DeleteRequest* req,
                                                v1::DeleteResponse* resp) {
+  if (absl::Status s = c10d::CheckClientWrite(req->key()); !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   absl::StatusOr<store::DeleteResult> r = store_->Delete(req->key());
   if (r.ok()) {
     resp->set_deleted(r->deleted);
@@ -167,8 +177,13 @@ grpc::ServerUnaryReactor* StoreService::MultiGet(
 grpc::ServerUnaryReactor* StoreService::MultiSet(
     grpc::CallbackServerContext* ctx, const v1::MultiSetRequest* req,
     v1::MultiSetResponse* resp) {
-  absl::StatusOr<int64_t> r = store_->MultiSet(ToVector(req->keys()),
-                                               ToVector(req->values()));
+  for (const std::string& key : req->keys()) {
+    if (absl::Status s = c10d::CheckClientWrite(key); !s.ok()) {
+      return FinishNow(ctx, s);
+    }
+  }
+  absl::StatusOr<int64_t> r =
+      store_->MultiSet(ToVector(req->keys()), ToVector(req->values()));
   if (r.ok()) resp->set_revision(*r);
   return FinishNow(ctx, r.status());
 }
@@ -176,6 +191,9 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(
 grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* ctx,
                                                const v1::AppendRequest* req,
                                                v1::AppendResponse* resp) {
+  if (absl::Status s = c10d::CheckClientWrite(req->key()); !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   absl::StatusOr<int64_t> r = store_->Append(req->key(), req->value());
   if (r.ok()) resp->set_revision(*r);
   return FinishNow(ctx, r.status());
@@ -185,8 +203,9 @@ grpc::ServerUnaryReactor* StoreService::ListKeys(
     grpc::CallbackServerContext* ctx, const v1::ListKeysRequest* req,
     v1::ListKeysResponse* resp) {
   if (req->page_size() < 0) {
-    return FinishNow(ctx, absl::InvalidArgumentError(absl::StrCat(
-                           "page_size must be >= 0, got ", req->page_size())));
+    return FinishNow(ctx,
+                     absl::InvalidArgumentError(absl::StrCat(
+                         "page_size must be >= 0, got ", req->page_size())));
   }
   absl::StatusOr<store::ListResult> r =
       store_->ListKeys(req->prefix(), req->page_size(), req->page_token());

@@ -1,9 +1,11 @@
 // StoreService: cohort.v1.Store over gRPC's callback API.
 //
 // Thin glue: each RPC validates its request, calls KvStore and maps the
-// result. Blocking RPCs (Get, Wait, MultiGet) register a KvStore waiter and
-// return without holding a thread; Watch is a server-streaming reactor fed by
-// KvStore's watch callbacks.
+// result. Writes to cohortd's reserved namespace (c10d::kReservedPrefix)
+// are refused here, at the protocol's edge, so that cohortd's own state
+// machines, which write through KvStore, still can. Blocking RPCs (Get, Wait,
+// MultiGet) register a KvStore waiter and return without holding a thread;
+// Watch is a server-streaming reactor fed by KvStore's watch callbacks.
 #ifndef COHORT_SERVER_STORE_SERVICE_H_
 #define COHORT_SERVER_STORE_SERVICE_H_
 

@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "proto/c10d/rules.h"
 #include "proto/tcpstore/wire.h"
 #include "server/listener.h"
 
@@ -65,17 +66,38 @@ std::vector<std::string> Strings(const std::vector<absl::string_view>& views) {
   return std::vector<std::string>(views.begin(), views.end());
 }
 
+// Whether a client may make the writes `r` asks for: not in cohortd's
+// reserved namespace. Keys are the store's keys as they arrive (torch's
+// TCPStore client puts a "/" before the user's key, so
+// store.set("cohort/runs/x") reaches "/cohort/runs/x").
+absl::Status CheckClientWrites(const Request& r) {
+  switch (r.op) {
+    case Op::kSet:
+    case Op::kAppend:
+    case Op::kAdd:
+    case Op::kCompareSet:
+    case Op::kDeleteKey:
+    case Op::kBarrier:  // Adds to its counter key.
+      return c10d::CheckClientWrite(r.key);
+    case Op::kMultiSet:
+      for (absl::string_view key : r.keys) {
+        if (absl::Status s = c10d::CheckClientWrite(key); !s.ok()) return s;
+      }
+      return absl::OkStatus();
+    default:
+      // Reads, and queues: they live beside the store, not in it.
+      return absl::OkStatus();
+  }
+}
+
 }  // namespace
 
 class TcpStoreServer::Loop {
  public:
   Loop(store::KvStore* store, TcpStoreServerOptions options)
-      : store_(store), options_(std::move(options)) {
-    const store::StoreLimits& l = store_->limits();
-    limits_.max_key_bytes = l.max_key_bytes;
-    limits_.max_value_bytes = l.max_value_bytes;
-    limits_.max_keys_per_call = l.max_keys_per_call;
-    limits_.max_request_bytes = options_.max_request_bytes;
+      : store_(store),
+        options_(std::move(options)),
+        limits_{store_->limits().c10d_limits(), options_.max_request_bytes} {
     read_buffer_.resize(kReadBufferBytes);
   }
 
@@ -520,6 +542,12 @@ class TcpStoreServer::Loop {
 
   void Handle(Conn& c, const Request& r) {
     using Kind = store::Change::Kind;
+    // The protocol has no error reply: a refused request closes the
+    // connection, which torch's client reports as a failed call.
+    if (absl::Status s = CheckClientWrites(r); !s.ok()) {
+      Close(c, absl::StrCat(OpName(r.op), " refused: ", s.message()), false);
+      return;
+    }
     switch (r.op) {
       case Op::kSet:
         return Queue(c, r.op,
@@ -935,7 +963,7 @@ class TcpStoreServer::Loop {
 
   store::KvStore* const store_;
   const TcpStoreServerOptions options_;
-  tcpstore::Limits limits_;
+  const tcpstore::Limits limits_;
 
   uv_loop_t loop_;
   uv_tcp_t listener_;

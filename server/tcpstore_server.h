@@ -14,7 +14,9 @@
 // index, completed by whichever write (by either protocol) satisfies it.
 // Bad input (an unknown query type, a length over the limits, an HTTP
 // request from a port scanner) closes that connection alone, with a
-// rate-limited log line naming the peer and the reason. A client that
+// rate-limited log line naming the peer and the reason; so does a write to
+// cohortd's reserved namespace (keys under "/cohort/", c10d::CheckClientWrite),
+// which the protocol has no error reply for. A client that
 // does not read its replies stops being read from once max_unsent_bytes
 // are queued for it.
 //

@@ -463,6 +463,51 @@ TEST_F(TcpStoreServerTest, Torch113DialectAndWatchKeyRefusal) {
   EXPECT_TRUE(LogMentions("WATCH_KEY is not supported"));
 }
 
+// cohortd's records live under "/cohort/": a torch client may read them but
+// not write them. The protocol has no error reply, so the connection closes
+// and the log says why.
+TEST_F(TcpStoreServerTest, WritesToTheReservedNamespaceCloseTheConnection) {
+  ASSERT_TRUE(store_->Set("/cohort/runs/r", "record").ok());
+  const Dialect d = Dialect::kTorch21;
+  Request add = Q(Op::kAdd, "/cohort/runs/r");
+  add.number = 1;
+  Request cas = Q(Op::kCompareSet, "/cohort/runs/r", "mine");
+  cas.expected = "record";
+  Request multi = Keys(Op::kMultiSet, {"/ok", "/cohort/runs/r"});
+  multi.values = {"1", "2"};
+  Request barrier = Q(Op::kBarrier, "/cohort/b");
+  barrier.number = 2;
+  const std::vector<Request> writes = {Q(Op::kSet, "/cohort/runs/r", "mine"),
+                                       Q(Op::kAppend, "/cohort/runs/r", "x"),
+                                       add,
+                                       cas,
+                                       Q(Op::kDeleteKey, "/cohort/runs/r"),
+                                       multi,
+                                       barrier};
+  for (const Request& r : writes) {
+    auto w = Validated();
+    w->Send(d, r);
+    EXPECT_TRUE(w->Closed()) << OpName(r.op);
+    EXPECT_TRUE(LogMentions(absl::StrCat(OpName(r.op), " refused: key \"/"),
+                            "is in cohortd's reserved namespace \"/cohort/\""))
+        << OpName(r.op);
+  }
+  EXPECT_EQ(*store_->TryGet("/cohort/runs/r"), "record");
+  EXPECT_FALSE(store_->TryGet("/ok")->has_value());
+  EXPECT_FALSE(store_->TryGet("/cohort/b")->has_value());
+
+  // Reads stay allowed, and torch's store.set("/cohort/x") is the user's
+  // own "//cohort/x".
+  auto w = Validated();
+  w->Send(d, Q(Op::kGet, "/cohort/runs/r"));
+  EXPECT_EQ(w->Bytes(), "record");
+  w->Send(d, Keys(Op::kCheck, {"/cohort/runs/r"}));
+  EXPECT_EQ(w->U8(), static_cast<uint8_t>(tcpstore::CheckReply::kReady));
+  w->Send(d, Q(Op::kSet, "//cohort/runs/r", "user"));
+  w->Send(d, Q(Op::kGet, "//cohort/runs/r"));
+  EXPECT_EQ(w->Bytes(), "user");
+}
+
 TEST_F(TcpStoreServerTest, BadInputClosesOnlyThatConnection) {
   auto bystander = Validated();
   struct Case {

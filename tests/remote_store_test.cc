@@ -2,7 +2,6 @@
 // wire, blocking across clients, watches, errors and draining.
 #include "client/remote_store.h"
 
-#include <atomic>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -142,6 +141,37 @@ TEST_F(RemoteStoreTest, BadInputIsInvalidArgumentAndServingContinues) {
                  "must not be empty");
   ASSERT_TRUE(client_->Set("k", "still serving").ok());
   EXPECT_EQ(*client_->Get("k"), "still serving");
+}
+
+// cohortd's own records (rendezvous runs, group members) are under
+// "/cohort/": clients read, list and watch them, but every write is
+// PERMISSION_DENIED naming the namespace, and changes nothing.
+TEST_F(RemoteStoreTest, WritesToCohortdsReservedNamespaceAreDenied) {
+  const std::string run = "/cohort/runs/job";
+  ASSERT_TRUE(server_->store().Set(run, "record").ok());
+  auto expect_denied = [](const absl::Status& s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_THAT(s.message(),
+                HasSubstr("is in cohortd's reserved namespace \"/cohort/\": "
+                          "its coordination records are written only by "
+                          "cohortd; use the Rendezvous and Membership RPCs"));
+  };
+  expect_denied(client_->Set(run, "mine"));
+  expect_denied(client_->Set("/cohort/new", "mine"));
+  expect_denied(client_->Add(run, 1).status());
+  expect_denied(client_->CompareSet(run, "record", "mine").status());
+  expect_denied(client_->Append(run, "+"));
+  expect_denied(client_->DeleteKey(run).status());
+  expect_denied(client_->MultiSet({"free", run}, {"1", "2"}));
+
+  EXPECT_EQ(*client_->Get(run), "record");
+  EXPECT_TRUE(*client_->Check({run}));
+  EXPECT_THAT(client_->ListKeys("/cohort/")->keys, ElementsAre(run));
+  EXPECT_FALSE(*client_->Check({"free"}));
+  EXPECT_FALSE(*client_->Check({"/cohort/new"}));
+  // Keys that only look alike are the user's.
+  EXPECT_TRUE(client_->Set("cohort/runs/job", "mine").ok());
+  EXPECT_TRUE(client_->Set("/cohorts", "mine").ok());
 }
 
 TEST_F(RemoteStoreTest, NegativeTimeoutIsRejected) {
