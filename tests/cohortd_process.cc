@@ -1,7 +1,6 @@
 #include "tests/cohortd_process.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

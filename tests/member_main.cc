@@ -1,6 +1,5 @@
 // A group member as a process of its own, for tests that kill members:
 // joins, prints "joined <incarnation>" and heartbeats until killed.
-#include <unistd.h>
 
 #include <cstdio>
 

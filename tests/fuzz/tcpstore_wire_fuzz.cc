@@ -11,8 +11,6 @@
 //    max_request_bytes, and every shorter prefix is incomplete too;
 //  - an invalid one says why.
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "proto/tcpstore/wire.h"
