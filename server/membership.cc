@@ -7,10 +7,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/text.h"
+#include "server/records.h"
 
 namespace cohort::server {
 namespace {
 
+// In c10d::kReservedPrefix, which clients cannot write.
 constexpr absl::string_view kGroupsPrefix = "/cohort/groups/";
 constexpr absl::Duration kDefaultInterval = absl::Seconds(5);
 constexpr int kDefaultMissed = 3;
@@ -52,31 +54,23 @@ Membership::Membership(store::KvStore* store, absl::Duration sweep_period)
   // Reload the members recorded before a restart, each with a fresh lease:
   // they had no way to heartbeat while cohortd was down.
   const absl::Time now = absl::Now();
-  std::string token;
-  do {
-    absl::StatusOr<store::ListResult> page =
-        store_->ListKeys(kGroupsPrefix, 0, token);
-    if (!page.ok()) break;
-    for (const std::string& key : page->keys) {
-      absl::StatusOr<std::optional<std::string>> value = store_->TryGet(key);
-      v1::MemberEvent record;
-      if (!value.ok() || !value->has_value() ||
-          !record.ParseFromString(**value)) {
-        continue;
-      }
-      absl::string_view rest =
-          absl::string_view(key).substr(kGroupsPrefix.size());
-      const std::string group(rest.substr(0, rest.find('/')));
-      absl::MutexLock lock(&mu_);
-      Live& live = groups_[group].members[record.member().name()];
-      live.info = record.member();
-      live.alive = record.type() == v1::MemberEvent::JOINED ||
-                   record.type() == v1::MemberEvent::ERROR_REPORTED;
-      live.deadline = now + LeaseTimeout(live.info);
-      last_incarnation_ = std::max(last_incarnation_, live.info.incarnation());
-    }
-    token = page->next_page_token;
-  } while (!token.empty());
+  {
+    absl::MutexLock lock(&mu_);
+    LoadRecords<v1::MemberEvent>(
+        *store_, kGroupsPrefix,
+        [&](absl::string_view name, v1::MemberEvent& record) {
+          // name: GROUP/members/MEMBER
+          const absl::string_view group = name.substr(0, name.find('/'));
+          Live& live =
+              groups_[std::string(group)].members[record.member().name()];
+          live.info = std::move(*record.mutable_member());
+          live.alive = record.type() == v1::MemberEvent::JOINED ||
+                       record.type() == v1::MemberEvent::ERROR_REPORTED;
+          live.deadline = now + LeaseTimeout(live.info);
+          last_incarnation_ =
+              std::max(last_incarnation_, live.info.incarnation());
+        });
+  }
   timer_.Schedule(now + sweep_period_, [this] { Sweep(); });
 }
 

@@ -5,10 +5,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/text.h"
+#include "server/records.h"
 
 namespace cohort::server {
 namespace {
 
+// In c10d::kReservedPrefix, which clients cannot write.
 constexpr absl::string_view kRunsPrefix = "/cohort/runs/";
 constexpr absl::Duration kDefaultJoinTimeout = absl::Seconds(600);
 constexpr absl::Duration kDefaultLastCall = absl::Seconds(30);
@@ -51,25 +53,15 @@ std::string Rendezvous::RunKey(absl::string_view run_id) {
 }
 
 Rendezvous::Rendezvous(store::KvStore* store) : store_(store) {
-  std::string token;
-  do {
-    absl::StatusOr<store::ListResult> page =
-        store_->ListKeys(kRunsPrefix, 0, token);
-    if (!page.ok()) break;
-    for (const std::string& key : page->keys) {
-      absl::StatusOr<std::optional<std::string>> value = store_->TryGet(key);
-      Run run;
-      if (!value.ok() || !value->has_value() ||
-          !run.record.ParseFromString(**value)) {
-        continue;
-      }
-      run.has_completed = run.record.phase() == v1::RunState::COMPLETE ||
-                          run.record.participants_size() > 0;
-      absl::MutexLock lock(&mu_);
-      runs_.emplace(key.substr(kRunsPrefix.size()), std::move(run));
-    }
-    token = page->next_page_token;
-  } while (!token.empty());
+  absl::MutexLock lock(&mu_);
+  LoadRecords<v1::RunState>(
+      *store_, kRunsPrefix,
+      [&](absl::string_view run_id, v1::RunState& record) {
+        Run& run = runs_[std::string(run_id)];
+        run.record = std::move(record);
+        run.has_completed = run.record.phase() == v1::RunState::COMPLETE ||
+                            run.record.participants_size() > 0;
+      });
 }
 
 Rendezvous::~Rendezvous() {
