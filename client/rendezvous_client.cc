@@ -1,7 +1,7 @@
 #include "client/rendezvous_client.h"
 
+#include "absl/strings/str_cat.h"
 #include "cohort/v1/coordination.grpc.pb.h"
-#include "cohort/v1/store.grpc.pb.h"
 
 namespace cohort {
 namespace {
@@ -15,8 +15,7 @@ class GrpcRendezvousClient final : public RendezvousClient {
  public:
   explicit GrpcRendezvousClient(std::shared_ptr<Connection> connection)
       : connection_(std::move(connection)),
-        stub_(v1::Rendezvous::NewStub(connection_->channel())),
-        store_stub_(v1::Store::NewStub(connection_->channel())) {}
+        stub_(v1::Rendezvous::NewStub(connection_->channel())) {}
 
   absl::StatusOr<RendezvousResult> Join(
       const RendezvousOptions& options) override {
@@ -46,25 +45,12 @@ class GrpcRendezvousClient final : public RendezvousClient {
     result.world_size = resp.world_size();
     result.first_global_rank = resp.first_global_rank();
     result.store_prefix = resp.store_prefix();
-    if (!resp.participants_key().empty()) {
-      // Large rounds keep the list in the store: read it once.
-      v1::GetRequest get;
-      get.set_key(resp.participants_key());
-      get.set_timeout_ms(1);
-      v1::GetResponse value;
-      v1::RunState state;
-      if (absl::Status s = connection_->Call(
-              "rendezvous participants",
-              CallOptions::Retryable(connection_->options().rpc_timeout),
-              store_stub_.get(), &v1::Store::Stub::Get, get, &value);
+    if (resp.participants_size() < resp.num_nodes()) {
+      // A large round: the list is read a page at a time.
+      if (absl::Status s =
+              ListParticipants(options.run_id, resp.round(), result.peers);
           !s.ok()) {
         return s;
-      }
-      if (!state.ParseFromString(value.value())) {
-        return absl::DataLossError("rendezvous participants: unreadable list");
-      }
-      for (const v1::Participant& p : state.participants()) {
-        result.peers.push_back(ToPeer(p));
       }
     } else {
       for (const v1::Participant& p : resp.participants()) {
@@ -108,9 +94,38 @@ class GrpcRendezvousClient final : public RendezvousClient {
   }
 
  private:
+  // Appends every participant of `round` of the run to `peers`. ABORTED if
+  // the run has moved on to a later round: this node must join again.
+  absl::Status ListParticipants(const std::string& run_id, int64_t round,
+                                std::vector<RendezvousPeer>& peers) {
+    v1::ListParticipantsRequest req;
+    req.set_run_id(run_id);
+    do {
+      v1::ListParticipantsResponse page;
+      if (absl::Status s = connection_->Call(
+              "rendezvous participants",
+              CallOptions::Retryable(connection_->options().rpc_timeout),
+              stub_.get(), &v1::Rendezvous::Stub::ListParticipants, req, &page);
+          !s.ok()) {
+        return s;
+      }
+      if (page.round() != round) {
+        return absl::AbortedError(absl::StrCat(
+            "run '", run_id, "' completed round ", page.round(),
+            " before this node read the participants of its round ", round,
+            ": join again"));
+      }
+      if (peers.empty()) peers.reserve(page.num_nodes());
+      for (const v1::Participant& p : page.participants()) {
+        peers.push_back(ToPeer(p));
+      }
+      req.set_page_token(page.next_page_token());
+    } while (!req.page_token().empty());
+    return absl::OkStatus();
+  }
+
   std::shared_ptr<Connection> connection_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
-  std::unique_ptr<v1::Store::Stub> store_stub_;
 };
 
 }  // namespace

@@ -63,7 +63,10 @@ class RendezvousClient {
   virtual ~RendezvousClient() = default;
 
   // Joins the next round and blocks until it completes (or join_timeout:
-  // DEADLINE_EXCEEDED saying how many of min_nodes arrived).
+  // DEADLINE_EXCEEDED saying how many of min_nodes arrived). The result
+  // lists every peer: a round too large for the join's reply has its list
+  // read with ListParticipants, and fails with ABORTED (join again) if a
+  // newer round completes before it is read.
   virtual absl::StatusOr<RendezvousResult> Join(
       const RendezvousOptions& options) = 0;
 

@@ -6,9 +6,9 @@
 
 namespace cohort::server {
 
-grpc::ServerUnaryReactor* RendezvousService::Join(
-    grpc::CallbackServerContext*, const v1::JoinRequest* req,
-    v1::JoinResponse* resp) {
+grpc::ServerUnaryReactor* RendezvousService::Join(grpc::CallbackServerContext*,
+                                                  const v1::JoinRequest* req,
+                                                  v1::JoinResponse* resp) {
   auto* reactor = new PendingUnary();
   PendingUnary::Handle handle = reactor->handle();
   Rendezvous::JoinId id = rendezvous_->Join(
@@ -36,6 +36,15 @@ grpc::ServerUnaryReactor* RendezvousService::CloseRun(
     grpc::CallbackServerContext* ctx, const v1::CloseRunRequest* req,
     v1::CloseRunResponse*) {
   return FinishNow(ctx, rendezvous_->CloseRun(req->run_id()));
+}
+
+grpc::ServerUnaryReactor* RendezvousService::ListParticipants(
+    grpc::CallbackServerContext* ctx, const v1::ListParticipantsRequest* req,
+    v1::ListParticipantsResponse* resp) {
+  absl::StatusOr<v1::ListParticipantsResponse> r =
+      rendezvous_->ListParticipants(*req);
+  if (r.ok()) *resp = std::move(*r);
+  return FinishNow(ctx, r.status());
 }
 
 grpc::ServerUnaryReactor* MembershipService::JoinGroup(

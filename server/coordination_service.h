@@ -25,6 +25,9 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   grpc::ServerUnaryReactor* CloseRun(grpc::CallbackServerContext* ctx,
                                      const v1::CloseRunRequest* req,
                                      v1::CloseRunResponse* resp) override;
+  grpc::ServerUnaryReactor* ListParticipants(
+      grpc::CallbackServerContext* ctx, const v1::ListParticipantsRequest* req,
+      v1::ListParticipantsResponse* resp) override;
 
  private:
   Rendezvous* const rendezvous_;

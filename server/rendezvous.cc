@@ -1,9 +1,12 @@
 #include "server/rendezvous.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/text.h"
 #include "server/records.h"
 
@@ -12,6 +15,8 @@ namespace {
 
 // In c10d::kReservedPrefix, which clients cannot write.
 constexpr absl::string_view kRunsPrefix = "/cohort/runs/";
+constexpr int kDefaultParticipantsPage = 1000;
+constexpr int kMaxParticipantsPage = 10000;
 constexpr absl::Duration kDefaultJoinTimeout = absl::Seconds(600);
 constexpr absl::Duration kDefaultLastCall = absl::Seconds(30);
 
@@ -300,6 +305,62 @@ absl::StatusOr<v1::RunState> Rendezvous::GetRunState(
     state.set_num_waiting(static_cast<int32_t>(run.collecting.size()));
   }
   return state;
+}
+
+absl::StatusOr<v1::ListParticipantsResponse> Rendezvous::ListParticipants(
+    const v1::ListParticipantsRequest& req) {
+  if (req.page_size() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size must be >= 0, got ", req.page_size()));
+  }
+  const int page_size =
+      req.page_size() == 0
+          ? kDefaultParticipantsPage
+          : std::min<int>(req.page_size(), kMaxParticipantsPage);
+  absl::MutexLock lock(&mu_);
+  auto it = runs_.find(req.run_id());
+  if (it == runs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no run '", req.run_id(), "'"));
+  }
+  const Run& run = it->second;
+  if (!run.has_completed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("run '", req.run_id(),
+                     "' has no completed round yet: its first round is "
+                     "still collecting nodes"));
+  }
+  const int64_t round = run.record.round();
+  const int num_nodes = run.record.participants_size();
+  // The token is "ROUND:OFFSET": the round the listing began at and the
+  // node rank to continue from.
+  int offset = 0;
+  if (!req.page_token().empty()) {
+    std::pair<absl::string_view, absl::string_view> parts =
+        absl::StrSplit(req.page_token(), absl::MaxSplits(':', 1));
+    int64_t token_round = 0;
+    if (!absl::SimpleAtoi(parts.first, &token_round) ||
+        !absl::SimpleAtoi(parts.second, &offset) || offset <= 0 ||
+        offset >= num_nodes || token_round > round) {
+      return absl::InvalidArgumentError(
+          "page_token is not one that ListParticipants returned for this "
+          "run: pass back the previous page's next_page_token");
+    }
+    if (token_round != round) {
+      return absl::AbortedError(
+          absl::StrCat("run '", req.run_id(), "' completed round ", round,
+                       " while the participants of round ", token_round,
+                       " were being listed: list again"));
+    }
+  }
+  v1::ListParticipantsResponse resp;
+  resp.set_round(round);
+  resp.set_num_nodes(num_nodes);
+  const int end = std::min(num_nodes, offset + page_size);
+  for (int i = offset; i < end; ++i) {
+    *resp.add_participants() = run.record.participants(i);
+  }
+  if (end < num_nodes) resp.set_next_page_token(absl::StrCat(round, ":", end));
+  return resp;
 }
 
 absl::Status Rendezvous::CloseRun(const std::string& run_id) {

@@ -20,8 +20,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "cohort/v1/coordination.pb.h"
 #include "base/deadline_timer.h"
+#include "cohort/v1/coordination.pb.h"
 #include "store/kv_store.h"
 
 namespace cohort::server {
@@ -52,6 +52,10 @@ class Rendezvous {
   void CancelJoin(JoinId id);
 
   absl::StatusOr<v1::RunState> GetRunState(const std::string& run_id);
+  // A page of the participants of the run's last completed round; the
+  // rules are those of coordination.proto's ListParticipants.
+  absl::StatusOr<v1::ListParticipantsResponse> ListParticipants(
+      const v1::ListParticipantsRequest& req);
   absl::Status CloseRun(const std::string& run_id);
 
   // Fails every pending join with `status`, and later ones at once.

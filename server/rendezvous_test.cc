@@ -1,9 +1,11 @@
 #include "server/rendezvous.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/c10d/rules.h"
 #include "store/kv_engine.h"
 
 namespace cohort::server {
@@ -178,6 +180,104 @@ TEST_F(RendezvousTest, CompletedRoundsSurviveARestart) {
   });
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
   EXPECT_EQ(next->round(), 1);
+}
+
+v1::ListParticipantsRequest Page(int page_size, const std::string& token) {
+  v1::ListParticipantsRequest req;
+  req.set_run_id("job");
+  req.set_page_size(page_size);
+  req.set_page_token(token);
+  return req;
+}
+
+// A round too large for JoinResponse: every node reads the list in pages.
+TEST_F(RendezvousTest, ListParticipantsPagesThroughALargeRound) {
+  const int n = Rendezvous::kMaxInlineParticipants + 44;  // 300
+  for (int i = 0; i < n; ++i) Join(Request(absl::StrCat("n", 1000 + i), n, n));
+  for (auto& j : joiners_) {
+    ASSERT_TRUE(j->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+    ASSERT_TRUE(j->result.ok()) << j->result.status();
+    EXPECT_EQ(j->result->participants_size(), 0);
+    EXPECT_EQ(j->result->num_nodes(), n);
+  }
+  std::vector<std::string> listed;
+  std::string token;
+  int pages = 0;
+  do {
+    absl::StatusOr<v1::ListParticipantsResponse> page =
+        rdzv_.ListParticipants(Page(128, token));
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_EQ(page->round(), 0);
+    EXPECT_EQ(page->num_nodes(), n);
+    EXPECT_LE(page->participants_size(), 128);
+    for (const v1::Participant& p : page->participants()) {
+      EXPECT_EQ(p.node_rank(), static_cast<int>(listed.size()));
+      EXPECT_EQ(p.first_global_rank(), 2 * p.node_rank());
+      listed.push_back(p.node_id());
+    }
+    token = page->next_page_token();
+    ++pages;
+  } while (!token.empty());
+  EXPECT_EQ(pages, 3);
+  ASSERT_EQ(listed.size(), static_cast<size_t>(n));
+  EXPECT_EQ(listed.front(), "n1000");
+  EXPECT_EQ(listed.back(), absl::StrCat("n", 1000 + n - 1));
+
+  // Page size 0 is the default (1000): one page.
+  absl::StatusOr<v1::ListParticipantsResponse> all =
+      rdzv_.ListParticipants(Page(0, ""));
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->participants_size(), n);
+  EXPECT_TRUE(all->next_page_token().empty());
+}
+
+TEST_F(RendezvousTest, ListParticipantsErrors) {
+  EXPECT_EQ(rdzv_.ListParticipants(Page(0, "")).status().code(),
+            absl::StatusCode::kNotFound);
+  Joiner& a = Join(Request("a", 2, 2));
+  absl::StatusOr<v1::ListParticipantsResponse> collecting =
+      rdzv_.ListParticipants(Page(0, ""));
+  EXPECT_EQ(collecting.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(collecting.status().message(), HasSubstr("still collecting"));
+  Join(Request("b", 2, 2));
+  ASSERT_TRUE(a.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(rdzv_.ListParticipants(Page(-1, "")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (const char* bad : {"junk", "0:0", "0:2", "1:1", "0:-1", ":1"}) {
+    EXPECT_EQ(rdzv_.ListParticipants(Page(1, bad)).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  absl::StatusOr<v1::ListParticipantsResponse> first =
+      rdzv_.ListParticipants(Page(1, ""));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->participants(0).node_id(), "a");
+  ASSERT_EQ(first->next_page_token(), "0:1");
+
+  // Round 1 completes before the second page is read.
+  Joiner& a1 = Join(Request("a", 2, 2));
+  Joiner& b1 = Join(Request("b", 2, 2));
+  ASSERT_TRUE(a1.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(b1.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  absl::StatusOr<v1::ListParticipantsResponse> stale =
+      rdzv_.ListParticipants(Page(1, first->next_page_token()));
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(stale.status().message(),
+              HasSubstr("completed round 1 while the participants of round 0 "
+                        "were being listed"));
+
+  // A closed run still lists its last round.
+  ASSERT_TRUE(rdzv_.CloseRun("job").ok());
+  absl::StatusOr<v1::ListParticipantsResponse> closed =
+      rdzv_.ListParticipants(Page(0, ""));
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  EXPECT_EQ(closed->round(), 1);
+  EXPECT_EQ(closed->participants_size(), 2);
+}
+
+TEST_F(RendezvousTest, RunRecordsAreInTheReservedNamespace) {
+  EXPECT_TRUE(
+      absl::StartsWith(Rendezvous::RunKey("job"), c10d::kReservedPrefix));
 }
 
 }  // namespace

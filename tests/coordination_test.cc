@@ -189,6 +189,25 @@ TEST_F(CoordinationTest, LateJoinerWaitsThenGetsTheNextRound) {
   EXPECT_EQ(closed[0].status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Over 256 nodes the join's reply leaves the participants out; each node
+// reads them with ListParticipants, not from cohortd's stored record.
+TEST_F(CoordinationTest, ALargeRoundsNodesReadTheirPeersThroughTheRpc) {
+  constexpr int kNodes = 260;
+  std::vector<RendezvousOptions> nodes;
+  for (int i = 0; i < kNodes; ++i) {
+    nodes.push_back(Node(absl::StrCat("n", 1000 + i), kNodes, kNodes));
+  }
+  auto results = JoinAll(server_->address(), nodes);
+  for (int i = 0; i < kNodes; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    const RendezvousResult& r = *results[i];
+    EXPECT_EQ(r.node_rank, i);
+    ASSERT_EQ(r.peers.size(), static_cast<size_t>(kNodes));
+    EXPECT_EQ(r.peers[i].node_id, nodes[i].node_id);
+    EXPECT_EQ(r.peers.back().first_global_rank, 2 * (kNodes - 1));
+  }
+}
+
 // Collects member events.
 struct Events {
   absl::Mutex mu;
