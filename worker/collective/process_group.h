@@ -1,6 +1,7 @@
 // ProcessGroup: collective and point-to-point communication among the
-// ranks of a job, as torch.distributed's ProcessGroup. Backends (Gloo in
-// gloo_process_group.h; NCCL to come) implement it.
+// ranks of a job, as torch.distributed's ProcessGroup. Backends implement it
+// over the op engine (op_engine.h), which keeps the rules below for them:
+// Gloo in gloo/gloo_process_group.h; NCCL to come (README.md).
 //
 // Every op is asynchronous: it validates its arguments, queues the work and
 // returns a Work handle at once. Ops run on the backend's own threads.

@@ -3,8 +3,6 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstring>
 #include <exception>
 #include <mutex>
 #include <utility>
@@ -20,15 +18,14 @@
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
-#include "gloo/common/logging.h"
 #include "gloo/gather.h"
 #include "gloo/reduce.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/scatter.h"
 #include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
 #include "worker/collective/gloo/gloo_ring.h"
 #include "worker/collective/gloo/gloo_store.h"
-#include "worker/collective/op_checks.h"
 #include "worker/collective/reduce.h"
 
 namespace cohort {
@@ -45,10 +42,6 @@ std::chrono::milliseconds ToMillis(absl::Duration d) {
 // us each on the 2-core VM). Past it, the ring's smaller share of bytes on
 // the wire wins.
 constexpr size_t kDirectMaxWireBytes = 256 << 10;
-
-bool IsHalf(Dtype dtype) {
-  return dtype == Dtype::kF16 || dtype == Dtype::kBF16;
-}
 
 // Calls f with a value of the unsigned integer type of `bytes` bytes: gloo's
 // typed setters need a C++ type of the element's size, and moving or
@@ -67,42 +60,9 @@ void WithElementOfSize(size_t bytes, F&& f) {
   }
 }
 
-// A copy of a buffer in the dtype reductions compute in: f32 for f16 and
-// bf16 (so they accumulate in f32 and round once, in CopyTo), else the
-// buffer's own. Reductions that must not write the caller's input, or that
-// widen, run on it.
-class ReductionCopy {
- public:
-  explicit ReductionCopy(const BufferView& source)
-      : dtype_(IsHalf(source.dtype) ? Dtype::kF32 : source.dtype),
-        bytes_(source.count * DtypeSize(dtype_)) {
-    if (IsHalf(source.dtype)) {
-      WidenToF32(source.dtype, source.data, reinterpret_cast<float*>(data()),
-                 source.count);
-    } else {
-      std::memcpy(data(), source.data, source.bytes());
-    }
-  }
-
-  Dtype dtype() const { return dtype_; }
-  char* data() { return bytes_.data(); }
-  char* element(size_t i) { return data() + i * DtypeSize(dtype_); }
-
-  // Writes target.count elements from element `first` to `target`,
-  // rounding to target.dtype.
-  void CopyTo(size_t first, const BufferView& target) {
-    if (IsHalf(target.dtype)) {
-      NarrowFromF32(target.dtype, reinterpret_cast<float*>(element(first)),
-                    target.data, target.count);
-    } else {
-      std::memcpy(target.data, element(first), target.bytes());
-    }
-  }
-
- private:
-  const Dtype dtype_;
-  std::vector<char> bytes_;  // operator new's alignment suits every dtype.
-};
+uint8_t* Bytes(const BufferView& view) {
+  return static_cast<uint8_t*>(view.data);
+}
 
 // Element counts as gloo's byte-level vectors want them.
 template <typename Int>
@@ -115,9 +75,86 @@ std::vector<Int> ToBytes(absl::Span<const size_t> counts, Dtype dtype) {
   return bytes;
 }
 
-}  // namespace
+// Runs `fn`, turning what gloo throws into a status (the engine names the
+// op). Gloo says "Timed out" when a peer did not take part in time, and
+// names the peer's address; any other IoException is a broken connection.
+absl::Status GlooCall(absl::Duration timeout, const std::function<void()>& fn) {
+  try {
+    fn();
+    return absl::OkStatus();
+  } catch (const gloo::IoException& e) {
+    if (absl::StrContains(e.what(), "imed out")) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("peers did not complete it within ",
+                       absl::FormatDuration(timeout), ": ", e.what()));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("connection to a peer failed: ", e.what()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(e.what());
+  }
+}
 
-namespace {
+// A posted Send or Recv: gloo's unbound buffer over the caller's memory.
+class GlooTransfer final : public OpEngine::Transfer {
+ public:
+  GlooTransfer(bool is_send,
+               std::unique_ptr<gloo::transport::UnboundBuffer> buffer)
+      : is_send_(is_send), buffer_(std::move(buffer)) {}
+
+  absl::Status Wait(absl::Duration timeout) override {
+    return GlooCall(timeout, [&] {
+      const std::chrono::milliseconds millis = ToMillis(timeout);
+      const bool done =
+          is_send_ ? buffer_->waitSend(millis) : buffer_->waitRecv(millis);
+      if (!done) throw gloo::IoException("aborted");
+    });
+  }
+
+ private:
+  const bool is_send_;
+  const std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
+};
+
+// What the engine needs of gloo besides op bodies.
+class GlooTransport final : public OpEngine::Transport {
+ public:
+  GlooTransport(std::shared_ptr<gloo::Context> context, absl::Duration timeout)
+      : context_(std::move(context)), timeout_(timeout) {}
+
+  // One exchange with every peer rather than gloo's ring of size - 1
+  // steps: verify_ops runs this before every collective, so its latency is
+  // every collective's.
+  absl::Status AllGatherBytes(const void* mine, size_t bytes, void* all,
+                              uint32_t tag) override {
+    return GlooCall(timeout_, [&] {
+      DirectAllGather(*context_, mine, bytes, all, tag, ToMillis(timeout_));
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<OpEngine::Transfer>> Post(
+      const PointToPointOp& op) override {
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+    absl::Status posted = GlooCall(timeout_, [&] {
+      buffer = context_->createUnboundBuffer(op.buffer.data, op.buffer.bytes());
+      const uint64_t slot = MakeSlot(kPointToPointSlotPrefix, op.tag, 0);
+      if (op.is_send) {
+        buffer->send(op.peer, slot);
+      } else {
+        buffer->recv(op.peer, slot);
+      }
+    });
+    // On failure `buffer` goes here, unregistering the caller's memory
+    // before the engine completes the op.
+    if (!posted.ok()) return posted;
+    return std::unique_ptr<OpEngine::Transfer>(
+        new GlooTransfer(op.is_send, std::move(buffer)));
+  }
+
+ private:
+  const std::shared_ptr<gloo::Context> context_;
+  const absl::Duration timeout_;
+};
 
 // Gloo's TCP pairs write to peers with writev, which raises SIGPIPE once a
 // peer has died, and SIGPIPE's default action kills the process: a rank
@@ -133,6 +170,13 @@ void IgnoreSigpipeUnlessHandled() {
       signal(SIGPIPE, SIG_IGN);
     }
   });
+}
+
+OpEngineOptions EngineOptions(const ProcessGroupOptions& group) {
+  OpEngineOptions options;
+  options.group = group;
+  options.name = "gloo process group";
+  return options;
 }
 
 }  // namespace
@@ -194,21 +238,9 @@ GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank,
       rank_(rank),
       size_(size),
       options_(options),
-      context_(std::move(context)) {
-  for (int i = 0; i < options_.group.threads; ++i) {
-    op_threads_.emplace_back([this] { RunOps(); });
-  }
-  transfer_thread_ = std::thread([this] { RunTransfers(); });
-}
-
-GlooProcessGroup::~GlooProcessGroup() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  for (std::thread& t : op_threads_) t.join();
-  transfer_thread_.join();
-}
+      context_(std::move(context)),
+      transport_(new GlooTransport(context_, options_.group.timeout)),
+      engine_(rank, size, EngineOptions(options_.group), transport_.get()) {}
 
 absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::CreateChild(
     absl::string_view suffix, int rank, int size) {
@@ -274,374 +306,157 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Split(
                      static_cast<int>(members.size()));
 }
 
-std::shared_ptr<Work> GlooProcessGroup::Enqueue(std::string name, Body body) {
-  auto work = std::make_shared<Work>();
-  absl::MutexLock lock(&mu_);
-  // Each op takes two tags: one for CheckSameOpEverywhere, one for itself.
-  ops_.push_back(QueuedOp{std::move(name), next_tag_, std::move(body), work});
-  next_tag_ += 2;
-  return work;
+std::chrono::milliseconds GlooProcessGroup::timeout() const {
+  return ToMillis(options_.group.timeout);
 }
 
-absl::Status GlooProcessGroup::CheckSameOpEverywhere(const QueuedOp& op) {
-  // Op names hold what every rank must agree on (op, dtype, counts, root)
-  // and nothing rank-specific, so comparing them is the check, and the
-  // names make the error message.
-  constexpr size_t kNameBytes = 128;
-  std::vector<char> mine(kNameBytes, '\0');
-  op.name.copy(mine.data(), kNameBytes - 1);
-  std::vector<char> all(kNameBytes * size_);
-  // One exchange with every peer rather than gloo's ring of size - 1
-  // steps: this runs before every collective, so its latency is every
-  // collective's.
-  absl::Status exchanged = Run(op.name, [&] {
-    DirectAllGather(*context_, mine.data(), kNameBytes, all.data(), op.tag + 1,
-                    ToMillis(options_.group.timeout));
-  });
-  if (!exchanged.ok()) return exchanged;
-  std::vector<std::string> differences;
-  for (int r = 0; r < size_; ++r) {
-    const std::string theirs(all.data() + r * kNameBytes);
-    if (theirs != mine.data()) {
-      differences.push_back(absl::StrCat("rank ", r, " issued '", theirs, "'"));
-    }
-  }
-  if (differences.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      op.name, " on rank ", rank_, " of ", size_,
-      ": the ranks issued different ops: ", absl::StrJoin(differences, ", ")));
-}
-
-void GlooProcessGroup::RunOps() {
-  while (true) {
-    QueuedOp op;
-    absl::Status broken;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !ops_.empty();
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (ops_.empty()) return;  // Stopping, and nothing left to run.
-      op = std::move(ops_.front());
-      ops_.pop_front();
-      broken = BrokenStatus();
-    }
-    if (!broken.ok()) {
-      op.work->Complete(broken);
-      continue;
-    }
-    if (options_.group.verify_ops && size_ > 1) {
-      absl::Status same = CheckSameOpEverywhere(op);
-      if (!same.ok()) {
-        Finish(op.work, std::move(same));
-        continue;
-      }
-    }
-    const uint32_t tag = op.tag;
-    Finish(op.work, Run(op.name, [&] { op.body(tag); }));
-  }
-}
-
-void GlooProcessGroup::RunTransfers() {
-  while (true) {
-    PostedTransfer transfer;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !transfers_.empty();
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (transfers_.empty()) return;
-      transfer = std::move(transfers_.front());
-      transfers_.pop_front();
-    }
-    // Waiting in post order only delays reporting: every transfer is
-    // already posted, so none waits on this thread to make progress.
-    absl::Status status = Run(transfer.name, [&] {
-      const std::chrono::milliseconds timeout =
-          ToMillis(options_.group.timeout);
-      const bool done = transfer.is_send ? transfer.buffer->waitSend(timeout)
-                                         : transfer.buffer->waitRecv(timeout);
-      if (!done) throw gloo::IoException("aborted");
-    });
-    // Unregister the caller's memory before telling the caller it may
-    // reuse it: a late message must find no buffer to write into.
-    transfer.buffer.reset();
-    Finish(transfer.work, std::move(status));
-  }
-}
-
-absl::Status GlooProcessGroup::Run(absl::string_view name,
-                                   const std::function<void()>& fn) {
-  const std::string where =
-      absl::StrCat(name, " on rank ", rank_, " of ", size_, ": ");
-  try {
-    fn();
-    return absl::OkStatus();
-  } catch (const gloo::IoException& e) {
-    // Gloo says "Timed out" when a peer did not take part in time, and
-    // names the peer's address; anything else is a broken connection.
-    if (absl::StrContains(e.what(), "imed out")) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          where, "peers did not complete it within ",
-          absl::FormatDuration(options_.group.timeout), ": ", e.what()));
-    }
-    return absl::UnavailableError(
-        absl::StrCat(where, "connection to a peer failed: ", e.what()));
-  } catch (const gloo::EnforceNotMet& e) {
-    return absl::InternalError(absl::StrCat(where, e.what()));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(where, e.what()));
-  }
-}
-
-void GlooProcessGroup::Finish(const std::shared_ptr<Work>& work,
-                              absl::Status status) {
-  if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) {
-    absl::MutexLock lock(&mu_);
-    if (broken_.ok()) broken_ = status;
-  }
-  work->Complete(std::move(status));
-}
-
-absl::Status GlooProcessGroup::BrokenStatus() const {
-  if (broken_.ok()) return broken_;
-  return absl::FailedPreconditionError(
-      absl::StrCat("gloo process group is unusable after an earlier failure: ",
-                   broken_.ToString()));
+std::shared_ptr<Work> GlooProcessGroup::Submit(CollectiveOp op, Body body) {
+  return engine_.Submit(
+      std::move(op),
+      [this, body = std::move(body)](const CollectiveOp& op, uint32_t tag) {
+        return GlooCall(options_.group.timeout, [&] { body(op, tag); });
+      });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::Broadcast(BufferView buffer, int root) {
-  constexpr absl::string_view kOp = "Broadcast";
-  absl::Status valid = CheckBroadcast(shape(), buffer, root);
-  if (!valid.ok()) return Work::Done(valid);
-  return Enqueue(absl::StrCat(kOp, " of ", buffer.count, " ",
-                              DtypeName(buffer.dtype), " from root ", root),
-                 [=](uint32_t tag) {
-                   if (size_ == 1 || buffer.count == 0) return;
-                   gloo::BroadcastOptions opts(context_);
-                   opts.setOutput(static_cast<uint8_t*>(buffer.data),
-                                  buffer.bytes());
-                   opts.setRoot(root);
-                   SetTagAndTimeout(opts, tag);
-                   gloo::broadcast(opts);
-                 });
+  return Submit(CollectiveOp::Broadcast(buffer, root),
+                [this](const CollectiveOp& op, uint32_t tag) {
+                  gloo::BroadcastOptions opts(context_);
+                  opts.setOutput(Bytes(op.output), op.output.bytes());
+                  opts.setRoot(op.root);
+                  SetTagAndTimeout(opts, tag);
+                  gloo::broadcast(opts);
+                });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::AllReduce(BufferView buffer,
                                                   ReduceOp op) {
-  absl::Status valid = CheckAllReduce(shape(), buffer);
-  if (!valid.ok()) return Work::Done(valid);
-  return Enqueue(absl::StrCat("AllReduce ", ReduceOpName(op), " of ",
-                              buffer.count, " ", DtypeName(buffer.dtype)),
-                 [=](uint32_t tag) { DoAllReduce(buffer, op, tag); });
-}
-
-void GlooProcessGroup::DoAllReduce(BufferView buffer, ReduceOp op,
-                                   uint32_t tag) {
-  if (size_ == 1 || buffer.count == 0) return;  // AVG of one rank: itself.
-  if (IsHalf(buffer.dtype)) {
-    ReductionCopy wide(buffer);
-    DoAllReduce(BufferView{wide.data(), buffer.count, wide.dtype()}, op, tag);
-    wide.CopyTo(0, buffer);
-    return;
-  }
-  const Dtype dtype = buffer.dtype;
-  if (buffer.bytes() * (size_ - 1) <= kDirectMaxWireBytes) {
-    DirectAllReduce(*context_, buffer.data, buffer.count, dtype, op, tag,
-                    ToMillis(options_.group.timeout));
-  } else {
-    RingAllReduce(*context_, buffer.data, buffer.count, dtype, op, tag,
-                  ToMillis(options_.group.timeout));
-  }
-  if (op == ReduceOp::kAvg) {
-    DivideInPlace(dtype, buffer.data, buffer.count, size_);
-  }
-}
-
-std::shared_ptr<Work> GlooProcessGroup::AllGather(BufferView input,
-                                                  BufferView output) {
-  constexpr absl::string_view kOp = "AllGather";
-  absl::Status valid = CheckAllGather(shape(), input, output);
-  if (!valid.ok()) return Work::Done(valid);
-  return Enqueue(
-      absl::StrCat(kOp, " of ", input.count, " ", DtypeName(input.dtype)),
-      [=](uint32_t tag) {
-        if (input.count == 0) return;
-        if (size_ == 1) {
-          std::memmove(output.data, input.data, input.bytes());
-          return;
-        }
-        if (input.bytes() * (size_ - 1) <= kDirectMaxWireBytes) {
-          DirectAllGather(*context_, input.data, input.bytes(), output.data,
-                          tag, ToMillis(options_.group.timeout));
-          return;
-        }
-        gloo::AllgatherOptions opts(context_);
-        opts.setInput(static_cast<uint8_t*>(input.data), input.bytes());
-        opts.setOutput(static_cast<uint8_t*>(output.data), output.bytes());
-        SetTagAndTimeout(opts, tag);
-        gloo::allgather(opts);
-      });
+  return Submit(CollectiveOp::AllReduce(buffer, op),
+                [this](const CollectiveOp& op, uint32_t tag) {
+                  const BufferView& b = op.output;
+                  if (b.bytes() * (size_ - 1) <= kDirectMaxWireBytes) {
+                    DirectAllReduce(*context_, b.data, b.count, b.dtype,
+                                    op.reduce, tag, timeout());
+                  } else {
+                    RingAllReduce(*context_, b.data, b.count, b.dtype,
+                                  op.reduce, tag, timeout());
+                  }
+                });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::Reduce(BufferView buffer, int root,
                                                ReduceOp op) {
-  constexpr absl::string_view kOp = "Reduce";
-  absl::Status valid = CheckReduce(shape(), buffer, root);
-  if (!valid.ok()) return Work::Done(valid);
-  return Enqueue(absl::StrCat(kOp, " ", ReduceOpName(op), " of ", buffer.count,
-                              " ", DtypeName(buffer.dtype), " to root ", root),
-                 [=](uint32_t tag) { DoReduce(buffer, root, op, tag); });
+  // gloo's reduce uses the buffer as scratch on every rank: the engine
+  // hands it a copy.
+  return Submit(
+      CollectiveOp::Reduce(buffer, root, op),
+      [this](const CollectiveOp& op, uint32_t tag) {
+        const Dtype dtype = op.output.dtype;
+        const ReduceOp reduce = op.reduce;
+        gloo::ReduceOptions opts(context_);
+        WithElementOfSize(DtypeSize(dtype), [&](auto element) {
+          using T = decltype(element);
+          opts.setOutput(static_cast<T*>(op.output.data), op.output.count);
+        });
+        opts.setRoot(op.root);
+        opts.setReduceFunction(
+            [dtype, reduce](void* out, const void* a, const void* b, size_t n) {
+              Combine(dtype, reduce, out, a, b, n);
+            });
+        SetTagAndTimeout(opts, tag);
+        gloo::reduce(opts);
+      });
 }
 
-void GlooProcessGroup::DoReduce(BufferView buffer, int root, ReduceOp op,
-                                uint32_t tag) {
-  if (size_ == 1 || buffer.count == 0) return;
-  // gloo's reduce uses the buffer as scratch on every rank; a copy keeps
-  // the non-root ranks' buffers as they were (and widens half types).
-  ReductionCopy scratch(buffer);
-  const Dtype work_dtype = scratch.dtype();
-  gloo::ReduceOptions opts(context_);
-  WithElementOfSize(DtypeSize(work_dtype), [&](auto element) {
-    using T = decltype(element);
-    opts.setOutput(reinterpret_cast<T*>(scratch.data()), buffer.count);
-  });
-  opts.setRoot(root);
-  opts.setReduceFunction(
-      [work_dtype, op](void* out, const void* a, const void* b, size_t n) {
-        Combine(work_dtype, op, out, a, b, n);
-      });
-  SetTagAndTimeout(opts, tag);
-  gloo::reduce(opts);
-  if (rank_ != root) return;
-  if (op == ReduceOp::kAvg) {
-    DivideInPlace(work_dtype, scratch.data(), buffer.count, size_);
-  }
-  scratch.CopyTo(0, buffer);
+std::shared_ptr<Work> GlooProcessGroup::AllGather(BufferView input,
+                                                  BufferView output) {
+  return Submit(CollectiveOp::AllGather(input, output),
+                [this](const CollectiveOp& op, uint32_t tag) {
+                  const size_t bytes = op.input.bytes();
+                  if (bytes * (size_ - 1) <= kDirectMaxWireBytes) {
+                    DirectAllGather(*context_, op.input.data, bytes,
+                                    op.output.data, tag, timeout());
+                    return;
+                  }
+                  gloo::AllgatherOptions opts(context_);
+                  opts.setInput(Bytes(op.input), bytes);
+                  opts.setOutput(Bytes(op.output), op.output.bytes());
+                  SetTagAndTimeout(opts, tag);
+                  gloo::allgather(opts);
+                });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::AllGatherV(
     BufferView input, BufferView output, absl::Span<const size_t> counts) {
-  constexpr absl::string_view kOp = "AllGatherV";
-  absl::Status valid = CheckAllGatherV(shape(), input, output, counts);
-  if (!valid.ok()) return Work::Done(valid);
-  return Enqueue(
-      absl::StrCat(kOp, " of ", output.count, " ", DtypeName(output.dtype)),
-      [=, bytes = ToBytes<size_t>(counts, input.dtype)](uint32_t tag) {
-        if (size_ == 1) {
-          // An empty buffer's data may be null, which memmove must not get.
-          if (input.bytes() > 0) {
-            std::memmove(output.data, input.data, input.bytes());
-          }
-          return;
-        }
-        gloo::AllgathervOptions opts(context_);
-        opts.setInput(static_cast<uint8_t*>(input.data), input.bytes());
-        opts.setOutput(static_cast<uint8_t*>(output.data), bytes);
-        SetTagAndTimeout(opts, tag);
-        gloo::allgatherv(opts);
-      });
+  return Submit(CollectiveOp::AllGatherV(input, output, counts),
+                [this](const CollectiveOp& op, uint32_t tag) {
+                  gloo::AllgathervOptions opts(context_);
+                  opts.setInput(Bytes(op.input), op.input.bytes());
+                  opts.setOutput(Bytes(op.output),
+                                 ToBytes<size_t>(op.counts, op.input.dtype));
+                  SetTagAndTimeout(opts, tag);
+                  gloo::allgatherv(opts);
+                });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::Gather(BufferView input,
                                                BufferView output, int root) {
-  constexpr absl::string_view kOp = "Gather";
-  absl::Status valid = CheckGather(shape(), input, output, root);
-  if (!valid.ok()) return Work::Done(valid);
-  return Enqueue(
-      absl::StrCat(kOp, " of ", input.count, " ", DtypeName(input.dtype),
-                   " to root ", root),
-      [=](uint32_t tag) {
-        if (input.count == 0) return;
-        if (size_ == 1) {
-          std::memmove(output.data, input.data, input.bytes());
-          return;
-        }
-        gloo::GatherOptions opts(context_);
-        opts.setInput(static_cast<uint8_t*>(input.data), input.bytes());
-        if (rank_ == root) {
-          opts.setOutput(static_cast<uint8_t*>(output.data), output.bytes());
-        }
-        opts.setRoot(root);
-        SetTagAndTimeout(opts, tag);
-        gloo::gather(opts);
-      });
+  return Submit(CollectiveOp::Gather(input, output, root),
+                [this](const CollectiveOp& op, uint32_t tag) {
+                  gloo::GatherOptions opts(context_);
+                  opts.setInput(Bytes(op.input), op.input.bytes());
+                  if (rank_ == op.root) {
+                    opts.setOutput(Bytes(op.output), op.output.bytes());
+                  }
+                  opts.setRoot(op.root);
+                  SetTagAndTimeout(opts, tag);
+                  gloo::gather(opts);
+                });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::Scatter(BufferView input,
                                                 BufferView output, int root) {
-  constexpr absl::string_view kOp = "Scatter";
-  absl::Status valid = CheckScatter(shape(), input, output, root);
-  if (!valid.ok()) return Work::Done(valid);
-  return Enqueue(
-      absl::StrCat(kOp, " of ", output.count, " ", DtypeName(output.dtype),
-                   " from root ", root),
-      [=](uint32_t tag) {
-        if (output.count == 0) return;
-        if (size_ == 1) {
-          std::memmove(output.data, input.data, output.bytes());
-          return;
-        }
-        gloo::ScatterOptions opts(context_);
-        if (rank_ == root) {
-          std::vector<uint8_t*> blocks(size_);
-          for (int r = 0; r < size_; ++r) {
-            blocks[r] = static_cast<uint8_t*>(input.data) + r * output.bytes();
-          }
-          opts.setInputs(blocks, output.bytes());
-        }
-        opts.setOutput(static_cast<uint8_t*>(output.data), output.bytes());
-        opts.setRoot(root);
-        SetTagAndTimeout(opts, tag);
-        gloo::scatter(opts);
-      });
+  return Submit(CollectiveOp::Scatter(input, output, root),
+                [this](const CollectiveOp& op, uint32_t tag) {
+                  const size_t block = op.output.bytes();
+                  gloo::ScatterOptions opts(context_);
+                  if (rank_ == op.root) {
+                    std::vector<uint8_t*> blocks(size_);
+                    for (int r = 0; r < size_; ++r) {
+                      blocks[r] = Bytes(op.input) + r * block;
+                    }
+                    opts.setInputs(blocks, block);
+                  }
+                  opts.setOutput(Bytes(op.output), block);
+                  opts.setRoot(op.root);
+                  SetTagAndTimeout(opts, tag);
+                  gloo::scatter(opts);
+                });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::AllToAll(BufferView input,
                                                  BufferView output) {
-  constexpr absl::string_view kOp = "AllToAll";
-  absl::Status valid = CheckAllToAll(shape(), input, output);
-  if (!valid.ok()) return Work::Done(valid);
-  return Enqueue(
-      absl::StrCat(kOp, " of ", input.count, " ", DtypeName(input.dtype)),
-      [=](uint32_t tag) {
-        if (input.count == 0) return;
-        if (size_ == 1) {
-          std::memmove(output.data, input.data, input.bytes());
-          return;
-        }
-        gloo::AlltoallOptions opts(context_);
-        opts.setInput(static_cast<uint8_t*>(input.data), input.bytes());
-        opts.setOutput(static_cast<uint8_t*>(output.data), output.bytes());
-        SetTagAndTimeout(opts, tag);
-        gloo::alltoall(opts);
-      });
+  return Submit(CollectiveOp::AllToAll(input, output),
+                [this](const CollectiveOp& op, uint32_t tag) {
+                  gloo::AlltoallOptions opts(context_);
+                  opts.setInput(Bytes(op.input), op.input.bytes());
+                  opts.setOutput(Bytes(op.output), op.output.bytes());
+                  SetTagAndTimeout(opts, tag);
+                  gloo::alltoall(opts);
+                });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::AllToAllV(
     BufferView input, absl::Span<const size_t> send_counts, BufferView output,
     absl::Span<const size_t> recv_counts) {
-  constexpr absl::string_view kOp = "AllToAllV";
-  absl::Status valid =
-      CheckAllToAllV(shape(), input, send_counts, output, recv_counts);
-  if (!valid.ok()) return Work::Done(valid);
-  // The counts differ from rank to rank, so the name (which ranks compare,
-  // see CheckSameOpEverywhere) leaves them out.
-  return Enqueue(
-      absl::StrCat(kOp, " of ", DtypeName(input.dtype)),
-      [=, send_bytes = ToBytes<int64_t>(send_counts, input.dtype),
-       recv_bytes = ToBytes<int64_t>(recv_counts, input.dtype)](uint32_t tag) {
-        if (size_ == 1) {
-          if (input.bytes() > 0) {
-            std::memmove(output.data, input.data, input.bytes());
-          }
-          return;
-        }
+  return Submit(
+      CollectiveOp::AllToAllV(input, send_counts, output, recv_counts),
+      [this](const CollectiveOp& op, uint32_t tag) {
         gloo::AlltoallvOptions opts(context_);
-        opts.setInput(static_cast<uint8_t*>(input.data), send_bytes);
-        opts.setOutput(static_cast<uint8_t*>(output.data), recv_bytes);
+        opts.setInput(Bytes(op.input),
+                      ToBytes<int64_t>(op.counts, op.input.dtype));
+        opts.setOutput(Bytes(op.output),
+                       ToBytes<int64_t>(op.recv_counts, op.output.dtype));
         SetTagAndTimeout(opts, tag);
         gloo::alltoallv(opts);
       });
@@ -650,90 +465,32 @@ std::shared_ptr<Work> GlooProcessGroup::AllToAllV(
 std::shared_ptr<Work> GlooProcessGroup::ReduceScatter(BufferView input,
                                                       BufferView output,
                                                       ReduceOp op) {
-  constexpr absl::string_view kOp = "ReduceScatter";
-  absl::Status valid = CheckReduceScatter(shape(), input, output);
-  if (!valid.ok()) return Work::Done(valid);
-  return Enqueue(
-      absl::StrCat(kOp, " ", ReduceOpName(op), " of ", input.count, " ",
-                   DtypeName(input.dtype)),
-      [=](uint32_t tag) { DoReduceScatter(input, output, op, tag); });
-}
-
-void GlooProcessGroup::DoReduceScatter(BufferView input, BufferView output,
-                                       ReduceOp op, uint32_t tag) {
-  if (output.count == 0) return;
-  const std::chrono::milliseconds timeout = ToMillis(options_.group.timeout);
-  if (IsHalf(input.dtype)) {
-    // Accumulate in f32 and round once.
-    ReductionCopy wide(input);
-    std::vector<float> sums(output.count);
-    RingReduceScatter(*context_, wide.data(), sums.data(), output.count,
-                      Dtype::kF32, op, tag, timeout);
-    if (op == ReduceOp::kAvg) {
-      DivideInPlace(Dtype::kF32, sums.data(), output.count, size_);
-    }
-    NarrowFromF32(output.dtype, sums.data(), output.data, output.count);
-    return;
-  }
-  // The ring only reads the caller's input.
-  RingReduceScatter(*context_, input.data, output.data, output.count,
-                    input.dtype, op, tag, timeout);
-  if (op == ReduceOp::kAvg) {
-    DivideInPlace(output.dtype, output.data, output.count, size_);
-  }
+  // The ring only reads the input, so it runs on the caller's.
+  return Submit(CollectiveOp::ReduceScatter(input, output, op),
+                [this](const CollectiveOp& op, uint32_t tag) {
+                  RingReduceScatter(*context_, op.input.data, op.output.data,
+                                    op.output.count, op.output.dtype, op.reduce,
+                                    tag, timeout());
+                });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::Barrier() {
-  return Enqueue("Barrier", [this](uint32_t tag) {
-    if (size_ == 1) return;
-    gloo::BarrierOptions opts(context_);
-    SetTagAndTimeout(opts, tag);
-    gloo::barrier(opts);
-  });
+  return Submit(CollectiveOp::Barrier(),
+                [this](const CollectiveOp&, uint32_t tag) {
+                  gloo::BarrierOptions opts(context_);
+                  SetTagAndTimeout(opts, tag);
+                  gloo::barrier(opts);
+                });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::Send(BufferView buffer, int dst_rank,
                                              uint32_t tag) {
-  return Post(absl::StrCat("Send to rank ", dst_rank, " with tag ", tag),
-              buffer, dst_rank, tag, /*is_send=*/true);
+  return engine_.Post(PointToPointOp{/*is_send=*/true, buffer, dst_rank, tag});
 }
 
 std::shared_ptr<Work> GlooProcessGroup::Recv(BufferView buffer, int src_rank,
                                              uint32_t tag) {
-  return Post(absl::StrCat("Recv from rank ", src_rank, " with tag ", tag),
-              buffer, src_rank, tag, /*is_send=*/false);
-}
-
-std::shared_ptr<Work> GlooProcessGroup::Post(std::string name,
-                                             BufferView buffer, int peer,
-                                             uint32_t tag, bool is_send) {
-  absl::Status valid = CheckPointToPoint(shape(), name, buffer, peer);
-  if (!valid.ok()) return Work::Done(valid);
-  auto work = std::make_shared<Work>();
-  {
-    absl::MutexLock lock(&mu_);
-    absl::Status broken = BrokenStatus();
-    if (!broken.ok()) return Work::Done(broken);
-  }
-  std::unique_ptr<gloo::transport::UnboundBuffer> unbound;
-  absl::Status posted = Run(name, [&] {
-    unbound = context_->createUnboundBuffer(buffer.data, buffer.bytes());
-    const uint64_t slot = MakeSlot(kPointToPointSlotPrefix, tag, 0);
-    if (is_send) {
-      unbound->send(peer, slot);
-    } else {
-      unbound->recv(peer, slot);
-    }
-  });
-  if (!posted.ok()) {
-    unbound.reset();  // As in RunTransfers: unregister before completing.
-    Finish(work, std::move(posted));
-    return work;
-  }
-  absl::MutexLock lock(&mu_);
-  transfers_.push_back(
-      PostedTransfer{std::move(name), is_send, std::move(unbound), work});
-  return work;
+  return engine_.Post(PointToPointOp{/*is_send=*/false, buffer, src_rank, tag});
 }
 
 }  // namespace cohort

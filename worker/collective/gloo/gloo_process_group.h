@@ -3,13 +3,13 @@
 //
 // Ranks find each other through a cohort::Store: each publishes its
 // listening address under the group's store prefix and connects to every
-// other rank (gloo's full mesh). Collectives run on the group's own threads
-// in issue order, each with a tag derived from its position in that order,
-// so that up to `threads` consecutive ops can be in flight at once without
-// their messages mixing.
+// other rank (gloo's full mesh). The op engine (op_engine.h) queues the
+// ops, tags them, verifies them across ranks, times them out and keeps the
+// broken state; this class supplies the op bodies (gloo's collectives and
+// gloo_ring.h's algorithms) and gloo's point-to-point buffers.
 //
-// Reductions use reduce.h's kernels. f16 and bf16 buffers are widened to
-// f32 for the whole collective and rounded once at the end, so the result
+// Reductions use reduce.h's kernels. The engine widens f16 and bf16 buffers
+// to f32 for the whole collective and rounds once at the end, so the result
 // does not depend on the order in which the algorithm combined the ranks;
 // the price is twice the bytes on the wire for those dtypes.
 #ifndef COHORT_WORKER_COLLECTIVE_GLOO_GLOO_PROCESS_GROUP_H_
@@ -17,23 +17,21 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "client/store.h"
 #include "gloo/context.h"
-#include "gloo/transport/unbound_buffer.h"
-#include "worker/collective/op_checks.h"
+#include "worker/collective/collective_op.h"
+#include "worker/collective/op_engine.h"
 #include "worker/collective/process_group.h"
 
 namespace cohort {
@@ -66,7 +64,7 @@ class GlooProcessGroup final : public ProcessGroup {
 
   // Waits for the ops already issued to end (each is bounded by the
   // timeout), then closes the connections.
-  ~GlooProcessGroup() override;
+  ~GlooProcessGroup() override = default;
 
   // A new group of some of this group's ranks, under its own store prefix,
   // with this group's options. `ranks` are distinct ranks of this group; in
@@ -111,26 +109,9 @@ class GlooProcessGroup final : public ProcessGroup {
                              uint32_t tag) override;
 
  private:
-  // A collective's body; `tag` is the same on every rank. Throws what gloo
-  // throws; Run turns that into a status.
-  using Body = std::function<void(uint32_t tag)>;
-
-  struct QueuedOp {
-    // Says what the op does in the words every rank must agree on, e.g.
-    // "AllReduce SUM of 4 f32": the op's errors start with it.
-    std::string name;
-    uint32_t tag;
-    Body body;
-    std::shared_ptr<Work> work;
-  };
-
-  // A posted Send or Recv that the waiter thread completes.
-  struct PostedTransfer {
-    std::string name;
-    bool is_send;
-    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
-    std::shared_ptr<Work> work;
-  };
+  // An op body as gloo runs it: throws what gloo throws (Submit turns that
+  // into a status).
+  using Body = std::function<void(const CollectiveOp& op, uint32_t tag)>;
 
   GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                    const GlooOptions& options,
@@ -141,56 +122,34 @@ class GlooProcessGroup final : public ProcessGroup {
   absl::StatusOr<std::unique_ptr<GlooProcessGroup>> CreateChild(
       absl::string_view suffix, int rank, int size);
 
-  std::shared_ptr<Work> Enqueue(std::string name, Body body);
-  std::shared_ptr<Work> Post(std::string name, BufferView buffer, int peer,
-                             uint32_t tag, bool is_send);
+  // Every op: the engine runs `body` for `op`.
+  std::shared_ptr<Work> Submit(CollectiveOp op, Body body);
+
+  std::chrono::milliseconds timeout() const;
   // Every gloo collective's options take the op's tag and the group's
   // timeout.
   template <typename Options>
   void SetTagAndTimeout(Options& opts, uint32_t tag) const {
     opts.setTag(tag);
-    opts.setTimeout(std::chrono::milliseconds(
-        absl::ToInt64Milliseconds(options_.group.timeout)));
+    opts.setTimeout(timeout());
   }
-
-  GroupShape shape() const { return GroupShape{rank_, size_}; }
-  void RunOps();
-  // INVALID_ARGUMENT naming the ranks that issued a different op than
-  // this one in this position (see ProcessGroupOptions::verify_ops).
-  absl::Status CheckSameOpEverywhere(const QueuedOp& op);
-  void RunTransfers();
-  // Runs `fn`, turning what it throws into a status that names `name`.
-  absl::Status Run(absl::string_view name, const std::function<void()>& fn);
-  // Completes `work` with `status`; a failure that is not about arguments
-  // breaks the group (see process_group.h).
-  void Finish(const std::shared_ptr<Work>& work, absl::Status status);
-  absl::Status BrokenStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  void DoAllReduce(BufferView buffer, ReduceOp op, uint32_t tag);
-  void DoReduce(BufferView buffer, int root, ReduceOp op, uint32_t tag);
-  void DoReduceScatter(BufferView input, BufferView output, ReduceOp op,
-                       uint32_t tag);
 
   const std::shared_ptr<Store> store_;  // Without this group's prefix.
   const int rank_;
   const int size_;
   const GlooOptions options_;
   const std::shared_ptr<gloo::Context> context_;
+  const std::unique_ptr<OpEngine::Transport> transport_;
 
-  mutable absl::Mutex mu_;
-  uint32_t next_tag_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // The first failure that broke the group, or OK.
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
-  std::deque<QueuedOp> ops_ ABSL_GUARDED_BY(mu_);
-  std::deque<PostedTransfer> transfers_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex mu_;
   // Groups made so far by NewGroup, per rank list, and by Split: they make
   // each child's store prefix unique.
   std::map<std::vector<int>, int> new_groups_ ABSL_GUARDED_BY(mu_);
   int splits_ ABSL_GUARDED_BY(mu_) = 0;
 
-  std::vector<std::thread> op_threads_;
-  std::thread transfer_thread_;
+  // Last, so that it is destroyed first: its threads run the bodies, which
+  // use the members above.
+  OpEngine engine_;
 };
 
 }  // namespace cohort
