@@ -404,9 +404,11 @@ ProcessGroup& Reducer::group() const { return *state_->group; }
 
 absl::Span<float> Reducer::grad(int param) {
   if (param < 0 || param >= num_params()) {
-    // No status to return here; a wrong index is a programming error that
-    // would otherwise corrupt another parameter's gradient.
-    std::fprintf(stderr, "Reducer::grad(%d): parameter out of range [0, %d)\n",
+    // A bug in the caller (ddp.h): no status to return, and any span would
+    // be misused.
+    std::fprintf(stderr,
+                 "ddp: bug in the caller: Reducer::grad(%d): parameter out of "
+                 "range [0, %d)\n",
                  param, num_params());
     std::abort();
   }

@@ -6,15 +6,14 @@
 // gradient into grad(i) and calls MarkReady(i) when it is done.
 //
 //   auto reducer = cohort::Reducer::Create(group, sizes).value();
-//   BroadcastFromRank0(*group, param_views);          // same start everywhere
+//   BroadcastFromRank0(*group, param_views);  // same start everywhere
 //   for (step...) {
 //     reducer->ZeroGrad();
-//     for (i = last param .. first) {                  // backward
+//     for (i = last param .. first) {         // backward
 //       WriteGradient(reducer->grad(i));
-//       reducer->MarkReady(i);                         // may start an
-//       all_reduce
+//       reducer->MarkReady(i);                // may start an all_reduce
 //     }
-//     reducer->Finish();                               // grads now averaged
+//     reducer->Finish();                      // grads now averaged
 //     optimizer->Step(...reducer->grad(i)...);
 //   }
 //
@@ -43,6 +42,10 @@
 // at its first MarkReady, so it is reduced entirely or not at all.
 //
 // Every rank must mark every parameter ready exactly once per iteration.
+//
+// Caller bugs, as in fsdp.h: methods that return a Status report them
+// (INVALID_ARGUMENT, FAILED_PRECONDITION); grad(), which has no status to
+// return, aborts the process with a message naming the call.
 #ifndef COHORT_WORKER_PARALLEL_DDP_H_
 #define COHORT_WORKER_PARALLEL_DDP_H_
 
@@ -121,7 +124,9 @@ class Reducer {
   ProcessGroup& group() const;
 
   // Parameter i's gradient: a view into its bucket. Valid until the next
-  // rebuild (see above). Zero after Create and ZeroGrad().
+  // rebuild (see above). Zero after Create and ZeroGrad(). REQUIRES:
+  // 0 <= param < num_params(), else the process aborts (a wrong index would
+  // write into another parameter's gradient).
   absl::Span<float> grad(int param);
 
   // Zeroes every gradient. REQUIRES: no iteration in progress.

@@ -206,6 +206,14 @@ TEST(ReducerTest, MarkReadyAndFinishReportMisuse) {
   EXPECT_TRUE(reducer->rebuilt());
 }
 
+TEST(ReducerTest, GradOutOfRangeIsABugThatAborts) {
+  auto reducer =
+      Reducer::Create(std::make_shared<FakeGroup>(), {1, 2, 3}).value();
+  EXPECT_DEATH(reducer->grad(3),
+               "Reducer::grad\\(3\\): parameter out of range \\[0, 3\\)");
+  EXPECT_DEATH(reducer->grad(-1), "Reducer::grad\\(-1\\)");
+}
+
 TEST(ReducerTest, FailedReductionIsSticky) {
   auto group = std::make_shared<FakeGroup>();
   group->fail_all_reduce = true;

@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <string>
 #include <utility>
@@ -44,8 +45,11 @@ void Release(std::vector<float>& v) { std::vector<float>().swap(v); }
 
 size_t Bytes(size_t floats) { return floats * sizeof(float); }
 
-void LogBug(const std::string& what) {
+// A bug in the caller (fsdp.h): the accessors have no status to return,
+// and any span they returned would be misused.
+[[noreturn]] void CallerBug(const std::string& what) {
   std::fprintf(stderr, "fsdp: bug in the caller: %s\n", what.c_str());
+  std::abort();
 }
 
 enum class Phase { kIdle, kForward, kBackward };
@@ -549,16 +553,15 @@ absl::Span<const float> Fsdp::param(int unit, int index) const {
   const State& s = *state_;
   if (unit < 0 || unit >= num_units() || index < 0 ||
       index >= num_params(unit)) {
-    LogBug(absl::StrCat("param(", unit, ", ", index, "): no such parameter"));
-    return {};
+    CallerBug(
+        absl::StrCat("param(", unit, ", ", index, "): no such parameter"));
   }
   const State::Unit& u = s.units[unit];
   const bool held = !s.sharded() || u.gathered;
   if (!held || !u.open) {
-    LogBug(absl::StrCat("param(", unit, ", ", index, "): unit ", unit,
-                        " is not gathered; call it between BeginForward or "
-                        "BeginBackward and the free that follows"));
-    return {};
+    CallerBug(absl::StrCat("param(", unit, ", ", index, "): unit ", unit,
+                           " is not gathered; call it between BeginForward or "
+                           "BeginBackward and the free that follows"));
   }
   const std::vector<float>& full = s.sharded() ? u.full : u.param_shard;
   return absl::MakeConstSpan(full.data() + u.offsets[index], u.counts[index]);
@@ -568,31 +571,27 @@ absl::Span<float> Fsdp::grad(int unit, int index) {
   State& s = *state_;
   if (unit < 0 || unit >= num_units() || index < 0 ||
       index >= num_params(unit)) {
-    LogBug(absl::StrCat("grad(", unit, ", ", index, "): no such parameter"));
-    return {};
+    CallerBug(absl::StrCat("grad(", unit, ", ", index, "): no such parameter"));
   }
   State::Unit& u = s.units[unit];
   if (u.phase != Phase::kBackward) {
-    LogBug(absl::StrCat("grad(", unit, ", ", index, "): unit ", unit,
-                        " is not in its backward; call it between "
-                        "BeginBackward and EndBackward"));
-    return {};
+    CallerBug(absl::StrCat("grad(", unit, ", ", index, "): unit ", unit,
+                           " is not in its backward; call it between "
+                           "BeginBackward and EndBackward"));
   }
   return absl::MakeSpan(u.grad->data() + u.offsets[index], u.counts[index]);
 }
 
 absl::Span<float> Fsdp::param_shard(int unit) {
   if (unit < 0 || unit >= num_units()) {
-    LogBug(absl::StrCat("param_shard(", unit, "): no such unit"));
-    return {};
+    CallerBug(absl::StrCat("param_shard(", unit, "): no such unit"));
   }
   return absl::MakeSpan(state_->units[unit].param_shard);
 }
 
 absl::Span<const float> Fsdp::grad_shard(int unit) const {
   if (unit < 0 || unit >= num_units()) {
-    LogBug(absl::StrCat("grad_shard(", unit, "): no such unit"));
-    return {};
+    CallerBug(absl::StrCat("grad_shard(", unit, "): no such unit"));
   }
   return absl::MakeConstSpan(state_->units[unit].grad_shard);
 }

@@ -31,9 +31,15 @@
 // rank and all_reduces (AVG) the gradients: DDP's arithmetic.
 //
 // Every rank calls the same sequence of these methods (they issue
-// collectives). Methods return FAILED_PRECONDITION for calls out of
-// sequence (param() of a unit not gathered, EndBackward without
-// BeginBackward...) and the group's error when a collective fails.
+// collectives). Methods that return a Status return FAILED_PRECONDITION for
+// calls out of sequence (EndBackward without BeginBackward...) and the
+// group's error when a collective fails.
+//
+// Caller bugs, as in ddp.h: methods that return a Status report them
+// (INVALID_ARGUMENT, FAILED_PRECONDITION); the span accessors (param, grad,
+// param_shard, grad_shard), which have no status to return, abort the
+// process with a message naming the call when used outside their window or
+// with an index out of range.
 #ifndef COHORT_WORKER_PARALLEL_FSDP_H_
 #define COHORT_WORKER_PARALLEL_FSDP_H_
 
@@ -118,14 +124,15 @@ class Fsdp {
   // results into the gradient shards (which accumulate until ZeroGrad()).
   absl::Status FinishBackward();
 
-  // Unit u's parameter i at full size, between Begin* and the free that
-  // follows. An empty span (and a logged bug) outside that window.
+  // Unit u's parameter i at full size. REQUIRES: between Begin* and the
+  // free that follows (else the process aborts, see above).
   absl::Span<const float> param(int unit, int index) const;
   // Unit u's gradient i at full size, zero at BeginBackward; backward adds
-  // into it. Valid until EndBackward.
+  // into it. REQUIRES: between BeginBackward and EndBackward.
   absl::Span<float> grad(int unit, int index);
 
-  // This rank's shard of unit u's flat parameters and gradients.
+  // This rank's shard of unit u's flat parameters and gradients. REQUIRES:
+  // 0 <= unit < num_units().
   absl::Span<float> param_shard(int unit);
   absl::Span<const float> grad_shard(int unit) const;
 

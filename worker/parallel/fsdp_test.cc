@@ -657,28 +657,30 @@ TEST(FsdpTest, CallsOutOfSequence) {
              "out of range");
   ExpectCode(fsdp->BeginBackward(-1), absl::StatusCode::kInvalidArgument,
              "out of range");
-  EXPECT_TRUE(fsdp->param(0, 0).empty()) << "not gathered yet";
-  EXPECT_TRUE(fsdp->grad(0, 0).empty()) << "not in backward";
-  EXPECT_TRUE(fsdp->param_shard(5).empty());
-  EXPECT_TRUE(fsdp->grad_shard(-1).empty());
+  // The span accessors have no status: misuse is a bug that aborts.
+  EXPECT_DEATH(fsdp->param(0, 0), "param\\(0, 0\\): unit 0 is not gathered");
+  EXPECT_DEATH(fsdp->grad(0, 0), "unit 0 is not in its backward");
+  EXPECT_DEATH(fsdp->param_shard(5), "param_shard\\(5\\): no such unit");
+  EXPECT_DEATH(fsdp->grad_shard(-1), "grad_shard\\(-1\\): no such unit");
 
   ASSERT_TRUE(fsdp->BeginForward(0).ok());
   EXPECT_EQ(fsdp->param(0, 1).size(), 2u);
-  EXPECT_TRUE(fsdp->param(0, 2).empty());
+  EXPECT_DEATH(fsdp->param(0, 2), "no such parameter");
   ExpectCode(fsdp->BeginForward(0), kPre, "EndForward");
   ExpectCode(fsdp->BeginBackward(0), kPre, "EndForward");
-  EXPECT_TRUE(fsdp->grad(0, 0).empty()) << "forward, not backward";
+  EXPECT_DEATH(fsdp->grad(0, 0), "not in its backward")
+      << "forward, not backward";
   auto sgd = NewSgd({}).value();
   ExpectCode(fsdp->Step(*sgd), kPre, "EndForward(0)");
   ExpectCode(fsdp->FinishBackward(), kPre, "EndForward(0)");
   ASSERT_TRUE(fsdp->EndForward(0).ok());
-  EXPECT_TRUE(fsdp->param(0, 0).empty()) << "FULL_SHARD freed unit 0";
+  EXPECT_DEATH(fsdp->param(0, 0), "not gathered") << "FULL_SHARD freed it";
 
   ASSERT_TRUE(fsdp->BeginBackward(1).ok());
   EXPECT_EQ(fsdp->grad(1, 0).size(), 4u);
   ExpectCode(fsdp->EndForward(1), kPre, "BeginForward(1)");
   ASSERT_TRUE(fsdp->EndBackward(1).ok());
-  EXPECT_TRUE(fsdp->grad(1, 0).empty()) << "after EndBackward";
+  EXPECT_DEATH(fsdp->grad(1, 0), "not in its backward") << "after EndBackward";
   ExpectCode(fsdp->Step(*sgd), kPre, "FinishBackward");
   ASSERT_TRUE(fsdp->FinishBackward().ok());
   EXPECT_TRUE(fsdp->Step(*sgd).ok());
