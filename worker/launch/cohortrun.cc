@@ -4,12 +4,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -17,6 +18,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/signals.h"
 #include "client/membership_client.h"
 #include "client/rendezvous_client.h"
 #include "worker/launch/launcher.h"
@@ -83,22 +85,13 @@ std::vector<std::string> DashesToUnderscores(int argc, char** argv) {
   return args;
 }
 
-// Blocks SIGINT/SIGTERM in every thread, so that one thread can take them
-// with sigtimedwait and hand them to the launcher. Called before any thread
-// (gRPC's included) starts; workers unblock them before exec.
-sigset_t BlockStopSignals() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  return signals;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const sigset_t stop_signals = BlockStopSignals();
+  // Before any thread (gRPC's included) starts, so that every thread
+  // inherits the mask and one takes the signals with sigtimedwait to hand
+  // them to the launcher; workers unblock them before exec.
+  const sigset_t stop_signals = cohort::base::BlockStopSignals();
   // A closed stdout must not kill the launcher of running workers.
   signal(SIGPIPE, SIG_IGN);
   absl::SetProgramUsageMessage(kUsage);
