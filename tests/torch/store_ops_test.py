@@ -255,6 +255,30 @@ def blocked_get_released(c, b):
     c.ok(time.monotonic() - t0 < 5, "release took over 5 s")
 
 
+def reserved_namespace(c, b):
+    """cohortd's own records under /cohort/ are read-only to clients. torch's
+    key "cohort/..." is "/cohort/..." on the wire: a write there closes the
+    connection (the protocol has no error reply) and cohortd logs why."""
+    s = b.client(dist)
+    try:
+        s.add("cohort/runs/x", 1)
+        c.fail("torch add to cohort/runs/x succeeded")
+    except Exception:  # noqa: BLE001 (torch reports the closed connection)
+        pass
+    deadline = time.monotonic() + 5
+    while "reserved namespace" not in b.log_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    c.ok('ADD refused: key "/cohort/runs/x" is in cohortd\'s reserved namespace' in b.log_text(),
+         "cohortd's log does not say why the ADD was refused")
+    rc, _, err = b.ctl("set", "/cohort/runs/x", "v")
+    c.eq("cohortctl set in /cohort/: exit status", rc, 1)
+    c.ok("reserved namespace" in err, f"cohortctl's error does not name the namespace: {err!r}")
+    c.eq("nothing was written under /cohort/", b.ctl("list", "/cohort/")[1], "")
+    s2 = b.client(dist)
+    s2.set("cohortx/y", "ok")
+    c.eq("a key that only looks alike is the user's", s2.get("cohortx/y"), b"ok")
+
+
 def watch_key_closes(c, b):
     """1.13's WATCH_KEY is unsupported by cohortd: the connection is closed,
     and the server goes on serving others."""
@@ -311,6 +335,7 @@ def main():
         if b.is_cohortd:
             c.section("cohortctl sees torch's keys", cohortctl_sees_torch, c, b)
             c.section("torch sees cohortctl's keys", torch_sees_cohortctl, c, b)
+            c.section("writes to /cohort/ are refused", reserved_namespace, c, b)
             c.section("WATCH_KEY closes the connection", watch_key_closes, c, b)
             c.section("--idle_timeout keeps TCPStore connections", idle_connections_kept, c, args)
             c.eq("cohortd exit status on SIGTERM", b.stop(), 0)
