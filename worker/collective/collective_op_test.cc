@@ -1,6 +1,5 @@
 #include "worker/collective/collective_op.h"
 
-#include <vector>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"

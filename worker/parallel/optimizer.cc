@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <map>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"

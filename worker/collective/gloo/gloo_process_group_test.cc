@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/remote_store.h"
 #include "gtest/gtest.h"

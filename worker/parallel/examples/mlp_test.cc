@@ -1,6 +1,5 @@
 #include "worker/parallel/examples/mlp.h"
 
-#include <algorithm>
 #include <cmath>
 #include <set>
 #include <vector>

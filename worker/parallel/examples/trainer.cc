@@ -1,6 +1,5 @@
 #include "worker/parallel/examples/trainer.h"
 
-#include <numeric>
 #include <optional>
 #include <utility>
 
