@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "base/signals.h"
 #include "grpc/support/log.h"
+#include "proto/c10d/rules.h"
 #include "server/cohort_server.h"
 #include "store/kv_engine.h"
 #include "store/kv_store.h"
@@ -37,10 +38,11 @@ ABSL_FLAG(bool, sync_writes, false,
           "fsync the write-ahead log on every mutation: survives power loss, "
           "costs one fsync per write. Without it, writes survive a killed "
           "cohortd but not a crashed machine");
-ABSL_FLAG(uint64_t, max_key_bytes, 4096, "largest key accepted, in bytes");
-ABSL_FLAG(uint64_t, max_value_bytes, 8 << 20,
+ABSL_FLAG(uint64_t, max_key_bytes, cohort::c10d::Limits().max_key_bytes,
+          "largest key accepted, in bytes");
+ABSL_FLAG(uint64_t, max_value_bytes, cohort::c10d::Limits().max_value_bytes,
           "largest value accepted (also the largest Append result), in bytes");
-ABSL_FLAG(uint64_t, max_keys_per_call, 128 << 10,
+ABSL_FLAG(uint64_t, max_keys_per_call, cohort::c10d::Limits().max_keys_per_call,
           "most keys one Wait/Check/MultiGet/MultiSet may name");
 ABSL_FLAG(uint64_t, max_list_page, 10000,
           "most keys one ListKeys page returns");
