@@ -45,6 +45,7 @@ tsan_targets=(
   //tests:remote_store_test
   //client:file_store_test
   //worker/collective:process_group_test
+  //worker/collective:op_engine_test
   //worker/collective/gloo:gloo_process_group_test
   //worker/collective/gloo:gloo_store_test
   //worker/parallel:ddp_test
