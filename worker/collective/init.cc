@@ -192,6 +192,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
   if (!arrivals.ok()) return arrivals.status();
   const int64_t generation = (*arrivals - 1) / r->world_size;
 
+  // Everything above serves every backend; from here on the backend named
+  // (NCCL gets its branch here and in the check at the top).
   GlooOptions gloo;
   gloo.group = options.group;
   gloo.bind_address = options.bind_address;

@@ -1,8 +1,8 @@
 // InitProcessGroup: how a worker joins its job's process group, as
 // torch.distributed.init_process_group does.
 //
-//   // Under cohortrun (RANK, WORLD_SIZE, COHORT_ADDR, COHORT_STORE_PREFIX
-//   set): auto pg = cohort::InitProcessGroup("gloo", "env://");
+//   // Under cohortrun (it sets RANK, WORLD_SIZE, COHORT_ADDR, ...):
+//   auto pg = cohort::InitProcessGroup("gloo", "env://");
 //   // Anywhere else:
 //   auto pg = cohort::InitProcessGroup("gloo", "cohort://cohortd:29500/job42",
 //                                      rank, world_size);

@@ -6,8 +6,9 @@
 //  - Integers wrap around (two's complement) on SUM and PROD overflow, as
 //    they do on every accelerator backend; nothing is undefined behaviour.
 //  - f16 and bf16 are widened to f32 for each operation and rounded back to
-//    nearest-even. Backends that want a whole reduction accumulated in f32
-//    widen the buffers first (WidenToF32) and narrow the result once.
+//    nearest-even. A whole reduction accumulated in f32 widens the buffers
+//    first (WidenToF32) and narrows the result once: the op engine does so
+//    for every host backend (op_engine.h).
 //  - MIN and MAX of floats use `<`: when one operand is NaN the result is
 //    whichever operand the comparison picks, not necessarily NaN.
 //  - AVG is not a pairwise operation: combine with SUM (Combine treats kAvg
