@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <iterator>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/text.h"
 
 namespace cohort::tcpstore {
 namespace {
@@ -242,6 +245,71 @@ ParseResult ParseRequest(Dialect dialect, absl::string_view bytes,
     return result;
   }
   result.size = needed;
+  return result;
+}
+
+absl::Status CheckNamespace(absl::string_view name_space) {
+  if (name_space.empty()) {
+    return absl::InvalidArgumentError("the namespace is empty");
+  }
+  if (name_space.size() > kMaxNamespaceBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the namespace is ", name_space.size(), " bytes, over ",
+                     kMaxNamespaceBytes));
+  }
+  if (name_space.front() != '/' || name_space.back() != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("namespace ", base::Quote(name_space),
+                     " must start and end with \"/\""));
+  }
+  if (absl::StartsWith(name_space, c10d::kReservedPrefix)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "namespace ", base::Quote(name_space),
+        " is in cohortd's reserved namespace \"", c10d::kReservedPrefix, "\""));
+  }
+  return absl::OkStatus();
+}
+
+void EncodeNamespaceHello(absl::string_view name_space, std::string* out) {
+  out->append(kNamespaceHelloMagic, sizeof(kNamespaceHelloMagic));
+  Encoder(out).U32(static_cast<uint32_t>(name_space.size()));
+  out->append(name_space.data(), name_space.size());
+}
+
+ParseResult ParseNamespaceHello(absl::string_view bytes,
+                                absl::string_view* name_space) {
+  ParseResult result;
+  const absl::string_view magic(kNamespaceHelloMagic,
+                                sizeof(kNamespaceHelloMagic));
+  const size_t n = std::min(bytes.size(), magic.size());
+  if (bytes.substr(0, n) != magic.substr(0, n)) {
+    result.status = ParseStatus::kInvalid;
+    result.error = absl::StrCat("bad namespace hello magic \"",
+                                absl::CHexEscape(bytes.substr(0, n)), "\"");
+    return result;
+  }
+  Decoder d(bytes.substr(std::min(bytes.size(), magic.size())));
+  uint32_t length = 0;
+  if (n < magic.size() || !d.U32(&length)) {
+    result.size = magic.size() + 4;
+    return result;
+  }
+  if (length == 0 || length > kMaxNamespaceBytes) {
+    result.status = ParseStatus::kInvalid;
+    result.error =
+        absl::StrCat("namespace hello of ", length, " bytes (must be 1 to ",
+                     kMaxNamespaceBytes, ")");
+    return result;
+  }
+  result.size = magic.size() + 4 + length;
+  if (bytes.size() < result.size) return result;
+  *name_space = bytes.substr(magic.size() + 4, length);
+  if (absl::Status s = CheckNamespace(*name_space); !s.ok()) {
+    result.status = ParseStatus::kInvalid;
+    result.error = std::string(s.message());
+    return result;
+  }
+  result.status = ParseStatus::kComplete;
   return result;
 }
 

@@ -15,6 +15,22 @@
 //   kTorch21:  PyTorch 2.1 and later. The connection opens with VALIDATE
 //              (code 0, u32 magic 0x3C85F7CE); codes run VALIDATE=0 ...
 //              BARRIER=18.
+//
+// Before either, a connection may open with cohort's namespace hello, which
+// no torch client sends (a 1.13 request starts with a query code of 0 to 8,
+// a 2.1+ connection with VALIDATE=0):
+//
+//   0xC0 'N' 'S' '1'   magic
+//   u32 L              little-endian length of the namespace
+//   L bytes            the namespace
+//
+// The namespace is non-empty, starts and ends with "/", is at most
+// kMaxNamespaceBytes long and is not in cohortd's reserved namespace
+// (c10d::kReservedPrefix). cohortd then reads every key of the connection
+// as the namespace followed by the key the client sent, so the connection
+// sees only the keys under it (cohortrun's node proxy binds each job's
+// workers to /cohortrun/<run id>/<round>/ this way). The dialect is then
+// told from the bytes that follow, as above.
 #ifndef COHORT_PROTO_TCPSTORE_WIRE_H_
 #define COHORT_PROTO_TCPSTORE_WIRE_H_
 
@@ -24,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "proto/c10d/rules.h"
 
@@ -74,6 +91,22 @@ enum class WaitReply : uint8_t { kStopWaiting = 0, kWaitCanceled = 1 };
 // length could never begin with the magic's bytes and stay under any limit.
 std::optional<Dialect> DetectDialect(absl::string_view first_bytes);
 
+inline constexpr char kNamespaceHelloMagic[4] = {'\xC0', 'N', 'S', '1'};
+inline constexpr size_t kMaxNamespaceBytes = 1024;
+
+// Whether a connection whose first byte is `first_byte` opens with a
+// namespace hello (and not a torch request).
+inline bool IsNamespaceHello(char first_byte) {
+  return first_byte == kNamespaceHelloMagic[0];
+}
+
+// OK, or INVALID_ARGUMENT saying which rule of the hello above `name_space`
+// breaks.
+absl::Status CheckNamespace(absl::string_view name_space);
+
+// Appends the hello binding `name_space`. REQUIRES: CheckNamespace is OK.
+void EncodeNamespaceHello(absl::string_view name_space, std::string* out);
+
 // Sizes a request may have; anything larger is refused before it is
 // buffered, so a bad length prefix costs no memory. Keys, values and keys
 // per request are c10d's limits (proto/c10d/rules.h), the ones the store
@@ -111,6 +144,13 @@ struct ParseResult {
 // `limits` as soon as its prefix arrives.
 ParseResult ParseRequest(Dialect dialect, absl::string_view bytes,
                          const Limits& limits, Request* request);
+
+// Parses the namespace hello at the start of `bytes` as ParseRequest
+// parses a request: kComplete with its size and *name_space pointing into
+// `bytes`; kIncomplete with the fewest bytes it can take; kInvalid, as soon
+// as the magic, the length or the namespace shows it, with the reason.
+ParseResult ParseNamespaceHello(absl::string_view bytes,
+                                absl::string_view* name_space);
 
 // Appends `request` as `dialect` sends it. REQUIRES: OpCode(dialect, op).
 void EncodeRequest(Dialect dialect, const Request& request, std::string* out);

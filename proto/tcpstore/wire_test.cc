@@ -1,6 +1,7 @@
 #include "proto/tcpstore/wire.h"
 
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -141,6 +142,71 @@ TEST(WireTest, UnknownQueryTypes) {
   EXPECT_NE(result.error.find("unknown query type 9"), std::string::npos);
   result = ParseRequest(Dialect::kTorch21, "GET / HTTP/1.1", Limits(), &r);
   EXPECT_EQ(result.status, ParseStatus::kInvalid);
+}
+
+TEST(WireTest, NamespaceHelloRoundTripsAndNeverLooksLikeTorch) {
+  std::string wire;
+  EncodeNamespaceHello("/cohortrun/job/0/", &wire);
+  EXPECT_EQ(wire.substr(0, 8), Bytes({0xC0, 'N', 'S', '1', 17, 0, 0, 0}));
+  Request set;
+  set.op = Op::kSet;
+  set.key = "/k";
+  EncodeRequest(Dialect::kTorch21, set, &wire);  // Torch bytes follow.
+  absl::string_view name_space;
+  ParseResult result = ParseNamespaceHello(wire, &name_space);
+  ASSERT_EQ(result.status, ParseStatus::kComplete) << result.error;
+  EXPECT_EQ(result.size, 8u + 17u);
+  EXPECT_EQ(name_space, "/cohortrun/job/0/");
+  for (size_t n = 0; n < result.size; ++n) {
+    ParseResult partial =
+        ParseNamespaceHello(absl::string_view(wire).substr(0, n), &name_space);
+    ASSERT_EQ(partial.status, ParseStatus::kIncomplete) << n;
+    EXPECT_GT(partial.size, n);
+    EXPECT_LE(partial.size, result.size);
+  }
+  // No torch request of either dialect starts with the hello's first byte.
+  EXPECT_TRUE(IsNamespaceHello(wire[0]));
+  for (int code = 0; code < 256; ++code) {
+    if (OpFromCode(Dialect::kTorch113, code) ||
+        OpFromCode(Dialect::kTorch21, code)) {
+      EXPECT_FALSE(IsNamespaceHello(static_cast<char>(code))) << code;
+    }
+  }
+}
+
+TEST(WireTest, BadNamespaceHellos) {
+  auto hello = [](absl::string_view name_space) {
+    std::string wire(kNamespaceHelloMagic, 4);
+    Encoder(&wire).U32(name_space.size());
+    wire.append(name_space.data(), name_space.size());
+    return wire;
+  };
+  struct Case {
+    std::string bytes;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {Bytes({0xC0, 'X'}), "bad namespace hello magic"},
+      {hello(""), "of 0 bytes"},
+      {hello("job/"), "must start and end with \"/\""},
+      {hello("/job"), "must start and end with \"/\""},
+      {hello("/cohort/runs/"), "reserved namespace \"/cohort/\""},
+      // An absurd length is refused from the 8 bytes that announce it.
+      {Bytes({0xC0, 'N', 'S', '1', 0xFF, 0xFF, 0xFF, 0x7F}),
+       "of 2147483647 bytes (must be 1 to 1024)"},
+      {hello("/" + std::string(1023, 'x') + "/"), "of 1025 bytes"},
+  };
+  for (const Case& c : cases) {
+    absl::string_view name_space;
+    ParseResult result = ParseNamespaceHello(c.bytes, &name_space);
+    EXPECT_EQ(result.status, ParseStatus::kInvalid) << c.error;
+    EXPECT_NE(result.error.find(c.error), std::string::npos) << result.error;
+  }
+  EXPECT_TRUE(CheckNamespace("/").ok());
+  EXPECT_TRUE(CheckNamespace("/" + std::string(1022, 'x') + "/").ok());
+  EXPECT_FALSE(CheckNamespace("/" + std::string(1023, 'x') + "/").ok());
+  EXPECT_TRUE(CheckNamespace("/cohortrun/a b\x01/7/").ok());
+  EXPECT_FALSE(CheckNamespace("/cohort/").ok());
 }
 
 }  // namespace
