@@ -73,6 +73,10 @@ class KvEngine {
   // The number of keys stored.
   virtual int64_t NumKeys() const = 0;
 
+  // The number of keys that start with `prefix`, in time proportional to
+  // that number (not to every key stored). May read from disk.
+  virtual absl::StatusOr<int64_t> CountKeys(absl::string_view prefix) const = 0;
+
   // Up to `limit` keys that start with `prefix` and sort after `start_after`
   // (all of them if start_after is empty), in byte order.
   virtual absl::StatusOr<std::vector<std::string>> ListKeys(

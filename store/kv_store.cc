@@ -390,9 +390,13 @@ absl::StatusOr<std::optional<std::string>> KvStore::TryGet(
   return engine_->Get(key);
 }
 
-absl::StatusOr<NumKeysResult> KvStore::NumKeys() {
+absl::StatusOr<NumKeysResult> KvStore::NumKeys(absl::string_view prefix) {
+  if (absl::Status s = c10d::CheckPrefix(rules_, prefix); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  return NumKeysResult{engine_->NumKeys(), revision_};
+  if (prefix.empty()) return NumKeysResult{engine_->NumKeys(), revision_};
+  absl::StatusOr<int64_t> n = engine_->CountKeys(prefix);
+  if (!n.ok()) return n.status();
+  return NumKeysResult{*n, revision_};
 }
 
 absl::StatusOr<ListResult> KvStore::ListKeys(absl::string_view prefix,

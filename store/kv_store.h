@@ -166,7 +166,9 @@ class KvStore {
   absl::StatusOr<CheckResult> Check(absl::Span<const std::string> keys);
   // The value of `key` now, or nullopt; never waits.
   absl::StatusOr<std::optional<std::string>> TryGet(absl::string_view key);
-  absl::StatusOr<NumKeysResult> NumKeys();
+  // The number of keys, or of those under `prefix` (counted in time
+  // proportional to their number; the TCPStore listener's namespaces).
+  absl::StatusOr<NumKeysResult> NumKeys(absl::string_view prefix = "");
   // page_size 0 means limits().max_list_page.
   absl::StatusOr<ListResult> ListKeys(absl::string_view prefix,
                                       size_t page_size,

@@ -215,6 +215,25 @@ TEST_P(KvStoreTest, CheckDeleteAndNumKeys) {
   EXPECT_EQ(store_->NumKeys()->num_keys, 1);
 }
 
+// Counting under a prefix visits only the prefix's keys, and sees deletes
+// and keys that merely share bytes with it (the TCPStore listener's
+// namespaces count their keys this way).
+TEST_P(KvStoreTest, NumKeysUnderAPrefix) {
+  for (const char* key : {"/job/a/x", "/job/a/y", "/job/a/y/z", "/job/ab",
+                          "/job/b/x", "/job/a"}) {
+    ASSERT_TRUE(store_->Set(key, "v").ok());
+  }
+  EXPECT_EQ(store_->NumKeys("/job/a/")->num_keys, 3);
+  EXPECT_EQ(store_->NumKeys("/job/a")->num_keys, 5);
+  EXPECT_EQ(store_->NumKeys("/job/")->num_keys, 6);
+  EXPECT_EQ(store_->NumKeys("/job/c/")->num_keys, 0);
+  EXPECT_EQ(store_->NumKeys("")->num_keys, 6);
+  ASSERT_TRUE(store_->Delete("/job/a/y").ok());
+  EXPECT_EQ(store_->NumKeys("/job/a/")->num_keys, 2);
+  EXPECT_EQ(store_->NumKeys(std::string(5000, 'p')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_P(KvStoreTest, MultiSetIsOneRevisionAndMultiGetReadsInOrder) {
   const int64_t before = store_->revision();
   ASSERT_TRUE(

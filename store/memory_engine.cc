@@ -59,6 +59,15 @@ class MemoryEngine final : public KvEngine {
 
   int64_t NumKeys() const override { return data_.size(); }
 
+  absl::StatusOr<int64_t> CountKeys(absl::string_view prefix) const override {
+    int64_t n = 0;
+    for (auto it = data_.lower_bound(prefix);
+         it != data_.end() && absl::StartsWith(it->first, prefix); ++it) {
+      ++n;
+    }
+    return n;
+  }
+
   absl::StatusOr<std::vector<std::string>> ListKeys(
       absl::string_view prefix, absl::string_view start_after,
       size_t limit) const override {

@@ -276,6 +276,23 @@ class RocksDbEngine final : public KvEngine {
 
   int64_t NumKeys() const override { return keys_.size(); }
 
+  absl::StatusOr<int64_t> CountKeys(absl::string_view prefix) const override {
+    if (prefix.empty()) return NumKeys();
+    if (db_ == nullptr) return failed_;
+    rocksdb::ReadOptions keys_only;
+    keys_only.fill_cache = false;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(keys_only));
+    const std::string data_prefix = DataKey(prefix);
+    int64_t n = 0;
+    for (it->Seek(data_prefix); it->Valid(); it->Next()) {
+      absl::string_view k(it->key().data(), it->key().size());
+      if (!absl::StartsWith(k, data_prefix)) break;
+      ++n;
+    }
+    if (absl::Status s = FromRocks(it->status(), "count"); !s.ok()) return s;
+    return n;
+  }
+
   absl::StatusOr<std::vector<std::string>> ListKeys(
       absl::string_view prefix, absl::string_view start_after,
       size_t limit) const override {
