@@ -90,6 +90,20 @@ absl::Status CheckClientWrites(const Request& r) {
   }
 }
 
+// `r` with the namespace in front of each of its keys, whose strings are
+// kept in `keys`. Empty keys stay empty, and are refused as before.
+Request InNamespace(absl::string_view name_space, const Request& r,
+                    std::deque<std::string>& keys) {
+  auto full = [&](absl::string_view key) -> absl::string_view {
+    if (key.empty()) return key;
+    return keys.emplace_back(absl::StrCat(name_space, key));
+  };
+  Request out = r;
+  out.key = full(r.key);
+  for (absl::string_view& key : out.keys) key = full(key);
+  return out;
+}
+
 }  // namespace
 
 class TcpStoreServer::Loop {
@@ -186,6 +200,10 @@ class TcpStoreServer::Loop {
     Loop* loop = nullptr;
     uint64_t id = 0;
     std::string peer;
+    // Whether the connection's first bytes were looked at for a namespace
+    // hello, and the namespace it bound (empty: none).
+    bool greeted = false;
+    std::string name_space;
     std::optional<Dialect> dialect;
     std::string in;      // Unparsed bytes, when a request spans reads.
     size_t need = 0;     // Bytes `in` must hold before parsing again.
@@ -496,6 +514,27 @@ class TcpStoreServer::Loop {
     c.need = 0;
     while (!c.closing && pos < bytes.size() && !Backlogged(c)) {
       absl::string_view rest = bytes.substr(pos);
+      if (!c.greeted) {
+        if (!tcpstore::IsNamespaceHello(rest[0])) {
+          c.greeted = true;
+          continue;
+        }
+        absl::string_view name_space;
+        ParseResult hello = tcpstore::ParseNamespaceHello(rest, &name_space);
+        if (hello.status == ParseStatus::kIncomplete) {
+          c.need = hello.size;
+          break;
+        }
+        if (hello.status == ParseStatus::kInvalid) {
+          Close(c, absl::StrCat("bad namespace hello: ", hello.error),
+                /*bad_input=*/true);
+          break;
+        }
+        c.name_space = std::string(name_space);
+        c.greeted = true;
+        pos += hello.size;
+        continue;
+      }
       if (!c.dialect.has_value()) {
         c.dialect = tcpstore::DetectDialect(rest);
         if (!c.dialect.has_value()) {
@@ -533,7 +572,12 @@ class TcpStoreServer::Loop {
       }
       pos += parsed.size;
       ++requests_;
-      Handle(c, request);
+      if (c.name_space.empty()) {
+        Handle(c, request);
+      } else {
+        std::deque<std::string> keys;
+        Handle(c, InNamespace(c.name_space, request, keys));
+      }
     }
     return pos;
   }
@@ -629,7 +673,7 @@ class TcpStoreServer::Loop {
         StartWait(c, r.keys);
         return;
       case Op::kNumKeys: {
-        auto s = store_->NumKeys();
+        auto s = store_->NumKeys(c.name_space);
         if (!s.ok()) return fail("GETNUMKEYS", s.status());
         reply.I64(s->num_keys);
         return;
@@ -649,9 +693,12 @@ class TcpStoreServer::Loop {
         std::vector<std::string> keys;
         std::string token;
         do {
-          auto page = store_->ListKeys("", 0, token);
+          auto page = store_->ListKeys(c.name_space, 0, token);
           if (!page.ok()) return fail("LIST_KEYS", page.status());
-          for (std::string& k : page->keys) keys.push_back(std::move(k));
+          for (std::string& k : page->keys) {
+            k.erase(0, c.name_space.size());
+            keys.push_back(std::move(k));
+          }
           token = std::move(page->next_page_token);
         } while (!token.empty());
         reply.I64(keys.size());

@@ -20,6 +20,16 @@
 // does not read its replies stops being read from once max_unsent_bytes
 // are queued for it.
 //
+// A connection may open with cohort's namespace hello (proto/tcpstore/
+// wire.h), as cohortrun's node proxy does for its workers. Every key of
+// that connection is then the namespace followed by the key it sent, in
+// every query (queues and barriers included); LIST_KEYS returns only the
+// namespace's keys, without the namespace, and GETNUMKEYS counts only
+// them. So jobs that share cohortd, all of whose torch clients name keys
+// alike ("/worker/attempt_0/..."), never see each other's. The namespace
+// counts towards the store's key limit. A bad hello closes the connection
+// like other bad input.
+//
 // Queues (QUEUE_PUSH/POP/LEN, PyTorch 2.4+) live in memory: they are not
 // in the KvStore, not durable and not visible to gRPC.
 #ifndef COHORT_SERVER_TCPSTORE_SERVER_H_

@@ -192,6 +192,18 @@ class TcpStoreServerTest : public ::testing::Test {
     return w;
   }
 
+  // A connection bound to `name_space` by a hello, speaking 2.1+.
+  std::unique_ptr<Wire> InNamespace(absl::string_view name_space) {
+    auto w = std::make_unique<Wire>(server_->port());
+    std::string hello;
+    tcpstore::EncodeNamespaceHello(name_space, &hello);
+    Request v = Q(Op::kValidate);
+    v.word = tcpstore::kValidateMagic;
+    tcpstore::EncodeRequest(Dialect::kTorch21, v, &hello);
+    w->Send(hello);
+    return w;
+  }
+
   bool LogMentions(absl::string_view a, absl::string_view b = "") {
     absl::MutexLock lock(&mu_);
     for (const std::string& line : log_) {
@@ -506,6 +518,164 @@ TEST_F(TcpStoreServerTest, WritesToTheReservedNamespaceCloseTheConnection) {
   w->Send(d, Q(Op::kSet, "//cohort/runs/r", "user"));
   w->Send(d, Q(Op::kGet, "//cohort/runs/r"));
   EXPECT_EQ(w->Bytes(), "user");
+}
+
+// Two jobs whose clients name the same keys, each bound to its namespace
+// by a hello, and a connection without one: every query sees only its own
+// namespace's keys.
+TEST_F(TcpStoreServerTest, NamespacedConnectionsSeeOnlyTheirKeys) {
+  const Dialect d = Dialect::kTorch21;
+  ASSERT_TRUE(store_->Set("/k", "outside").ok());
+  auto a = InNamespace("/job/a/");
+  auto b = InNamespace("/job/b/");
+  auto plain = Validated();
+  a->Send(d, Q(Op::kSet, "/k", "va"));
+  b->Send(d, Q(Op::kSet, "/k", "vb"));
+  a->Send(d, Q(Op::kGet, "/k"));
+  b->Send(d, Q(Op::kGet, "/k"));
+  plain->Send(d, Q(Op::kGet, "/k"));
+  EXPECT_EQ(a->Bytes(), "va");
+  EXPECT_EQ(b->Bytes(), "vb");
+  EXPECT_EQ(plain->Bytes(), "outside");
+  EXPECT_EQ(*store_->TryGet("/job/a//k"), std::optional<std::string>("va"));
+
+  Request add = Q(Op::kAdd, "init/");
+  add.number = 1;
+  a->Send(d, add);
+  EXPECT_EQ(a->I64(), 1);
+  b->Send(d, add);
+  EXPECT_EQ(b->I64(), 1);
+  Request cas = Q(Op::kCompareSet, "/c", "v1");
+  a->Send(d, cas);
+  EXPECT_EQ(a->Bytes(), "v1");
+  b->Send(d, Keys(Op::kCheck, {"/k", "/c"}));
+  EXPECT_EQ(b->U8(), 1);  // NOT_READY: "/c" is a's.
+  a->Send(d, Keys(Op::kCheck, {"/k", "/c"}));
+  EXPECT_EQ(a->U8(), 0);
+  a->Send(d, Q(Op::kAppend, "/log", "x"));
+  Request mset = Keys(Op::kMultiSet, {"/m1", "/m2"});
+  mset.values = {"one", "two"};
+  a->Send(d, mset);
+  a->Send(d, Keys(Op::kMultiGet, {"/log", "/m2"}));
+  EXPECT_EQ(a->Bytes(), "x");
+  EXPECT_EQ(a->Bytes(), "two");
+  b->Send(d, Keys(Op::kMultiGet, {"/m1"}));
+  EXPECT_EQ(b->Bytes(), "");
+  b->Send(d, Q(Op::kDeleteKey, "/m1"));
+  EXPECT_EQ(b->I64(), 0);
+
+  // GETNUMKEYS and LIST_KEYS: the namespace's keys, without it.
+  a->Send(d, Q(Op::kNumKeys));
+  EXPECT_EQ(a->I64(), 6);
+  b->Send(d, Q(Op::kNumKeys));
+  EXPECT_EQ(b->I64(), 2);
+  plain->Send(d, Q(Op::kNumKeys));
+  EXPECT_EQ(plain->I64(), 9);
+  b->Send(d, Q(Op::kListKeys));
+  EXPECT_EQ(b->I64(), 2);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 2; ++i) keys.push_back(b->Bytes().value_or("?"));
+  std::sort(keys.begin(), keys.end());
+  EXPECT_EQ(keys, (std::vector<std::string>{"/k", "init/"}));
+
+  // WAIT: a write in another namespace does not end it; one in its own
+  // (here through the store, as gRPC would write it) does.
+  a->Send(d, Keys(Op::kWait, {"/w"}));
+  b->Send(d, Q(Op::kSet, "/w", "b's"));
+  EXPECT_TRUE(a->Silent());
+  ASSERT_TRUE(store_->Set("/job/a//w", "a's").ok());
+  EXPECT_EQ(a->U8(), kStopWaiting);
+
+  // BARRIER: counted per namespace.
+  auto a2 = InNamespace("/job/a/");
+  Request barrier = Q(Op::kBarrier, "/b");
+  barrier.number = 2;
+  a->Send(d, barrier);
+  b->Send(d, barrier);
+  EXPECT_TRUE(a->Silent());
+  a2->Send(d, barrier);
+  EXPECT_EQ(a->U8(), kStopWaiting);
+  EXPECT_EQ(a2->U8(), kStopWaiting);
+  EXPECT_TRUE(b->Silent());
+  b->Send(d, Q(Op::kCancelWait));
+  EXPECT_EQ(b->U8(), kWaitCanceled);
+
+  // Queues too.
+  a->Send(d, Q(Op::kQueuePush, "/q", "job"));
+  b->Send(d, Q(Op::kQueueLen, "/q"));
+  EXPECT_EQ(b->I64(), 0);
+  a2->Send(d, Q(Op::kQueueLen, "/q"));
+  EXPECT_EQ(a2->I64(), 1);
+
+  // The 1.13 dialect after a hello, sent in pieces: a byte at a time.
+  Wire old(server_->port());
+  std::string bytes;
+  tcpstore::EncodeNamespaceHello("/job/a/", &bytes);
+  tcpstore::EncodeRequest(Dialect::kTorch113, Q(Op::kGet, "/k"), &bytes);
+  for (char byte : bytes) old.Send(std::string(1, byte));
+  EXPECT_EQ(old.Bytes(), "va");
+  EXPECT_FALSE(LogMentions("closing"));
+}
+
+TEST_F(TcpStoreServerTest, BadNamespaceHellosCloseTheConnection) {
+  auto hello = [](absl::string_view name_space) {
+    std::string wire(tcpstore::kNamespaceHelloMagic, 4);
+    Encoder(&wire).U32(name_space.size());
+    wire.append(name_space.data(), name_space.size());
+    return wire;
+  };
+  std::string twice;
+  tcpstore::EncodeNamespaceHello("/a/", &twice);
+  tcpstore::EncodeNamespaceHello("/b/", &twice);
+  struct Case {
+    std::string bytes;
+    std::string logged;
+  };
+  const std::vector<Case> cases = {
+      {hello("/cohort/runs/"), "bad namespace hello: namespace \"/cohort/"},
+      {hello("job"), "bad namespace hello: namespace \"job\" must start"},
+      {std::string("\xC0NSX", 4), "bad namespace hello magic"},
+      // Only a connection's first bytes may be a hello.
+      {twice, "unknown query type 192"},
+  };
+  for (const Case& c : cases) {
+    Wire w(server_->port());
+    w.Send(c.bytes);
+    EXPECT_TRUE(w.Closed()) << c.logged;
+    EXPECT_TRUE(LogMentions("closing TCPStore connection from", c.logged))
+        << c.logged;
+  }
+  // Namespace "/" is allowed, but cannot reach cohortd's reserved keys.
+  auto root = InNamespace("/");
+  root->Send(Dialect::kTorch21, Q(Op::kSet, "cohort/x", "v"));
+  EXPECT_TRUE(root->Closed());
+  EXPECT_TRUE(LogMentions("SET refused: key \"/cohort/x\""));
+  EXPECT_FALSE(store_->TryGet("/cohort/x")->has_value());
+}
+
+// A client that writes and goes away at once (a rank that sets a key and
+// exits, or cohortrun's proxy passing that on): what it sent is applied.
+TEST_F(TcpStoreServerTest, RequestsSentJustBeforeCloseAreApplied) {
+  for (int i = 0; i < 20; ++i) {
+    const std::string key = absl::StrCat("/last", i);
+    {
+      auto w = i % 2 == 0 ? Validated() : InNamespace("/ns/");
+      std::string both;
+      tcpstore::EncodeRequest(Dialect::kTorch21, Q(Op::kSet, key, "v"), &both);
+      Request add = Q(Op::kAdd, "/count");
+      add.number = 1;
+      tcpstore::EncodeRequest(Dialect::kTorch21, add, &both);
+      w->Send(both);
+    }
+    const std::string stored = i % 2 == 0 ? key : absl::StrCat("/ns/", key);
+    const absl::Time give_up = absl::Now() + absl::Seconds(2);
+    while (!store_->TryGet(stored)->has_value() && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    EXPECT_TRUE(store_->TryGet(stored)->has_value()) << stored;
+  }
+  EXPECT_EQ(*store_->TryGet("/count"), std::optional<std::string>("10"));
+  EXPECT_EQ(*store_->TryGet("/ns//count"), std::optional<std::string>("10"));
 }
 
 TEST_F(TcpStoreServerTest, BadInputClosesOnlyThatConnection) {
