@@ -34,11 +34,29 @@ absl::Status Work::status() const {
   return status_;
 }
 
+void Work::OnComplete(Callback callback) {
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!completed_) {
+      callbacks_.push_back(std::move(callback));
+      return;
+    }
+    status = status_;
+  }
+  callback(status);
+}
+
 void Work::Complete(absl::Status status) {
-  absl::MutexLock lock(&mu_);
-  if (completed_) return;
-  completed_ = true;
-  status_ = std::move(status);
+  std::vector<Callback> callbacks;
+  {
+    absl::MutexLock lock(&mu_);
+    if (completed_) return;
+    completed_ = true;
+    status_ = status;
+    callbacks.swap(callbacks_);
+  }
+  for (Callback& callback : callbacks) callback(status);
 }
 
 uint64_t WireBytes(Traffic kind, uint64_t bytes, int size) {

@@ -25,7 +25,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -76,14 +78,25 @@ class Work {
   // The op's status once completed; UNKNOWN ("still running") before.
   absl::Status status() const;
 
-  // For backends: records the outcome and wakes the waiters. Only the first
-  // call counts.
+  using Callback = std::function<void(const absl::Status& status)>;
+  // Calls `callback` with the op's status once the op has completed (its
+  // buffers are the caller's again): at once, on this thread, if it already
+  // has; else on the thread that completes it, a backend thread, after the
+  // waiters are woken. Callbacks added before completion run in the order
+  // they were added, outside any lock of the group's. Keep them short, and
+  // never wait in one for another op of the same group: the backend thread
+  // that would run that op may be the one running the callback.
+  void OnComplete(Callback callback);
+
+  // For backends: records the outcome, wakes the waiters and runs the
+  // callbacks. Only the first call counts.
   void Complete(absl::Status status);
 
  private:
   mutable absl::Mutex mu_;
   bool completed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
 };
 
 // Options common to every backend. Defaults suit one job on one network.

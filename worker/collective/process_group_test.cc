@@ -1,7 +1,10 @@
 #include "worker/collective/process_group.h"
 
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace cohort {
@@ -32,6 +35,32 @@ TEST(WorkTest, WaitReturnsOnCompletionAndFirstCompletionWins) {
   completer.join();
   work.Complete(absl::InternalError("late"));
   EXPECT_TRUE(work.status().ok());
+}
+
+TEST(WorkTest, OnCompleteRunsOnceCompletedInOrder) {
+  Work work;
+  std::vector<std::string> calls;
+  work.OnComplete([&](const absl::Status& s) {
+    calls.push_back(absl::StrCat("first ", s.message()));
+  });
+  work.OnComplete([&](const absl::Status& s) {
+    calls.push_back(absl::StrCat("second ", s.message()));
+  });
+  EXPECT_TRUE(calls.empty());
+  std::thread completer([&] { work.Complete(absl::UnavailableError("gone")); });
+  completer.join();
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0], "first gone");
+  EXPECT_EQ(calls[1], "second gone");
+  work.Complete(absl::OkStatus());  // Ignored: no callback runs again.
+  EXPECT_EQ(calls.size(), 2u);
+}
+
+TEST(WorkTest, OnCompleteAfterCompletionRunsAtOnce) {
+  std::shared_ptr<Work> work = Work::Done(absl::OkStatus());
+  bool called = false;
+  work->OnComplete([&](const absl::Status& s) { called = s.ok(); });
+  EXPECT_TRUE(called);
 }
 
 TEST(BufferViewTest, OfTypedMemory) {
