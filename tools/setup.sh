@@ -18,6 +18,9 @@ packages=(
 # torchrun that the interop tests drive against cohortd, and the baselines
 # the benchmarks compare with.
 packages+=(python3-torch)
+# libtorch's C++ headers and libraries, pybind11 and Python's headers: the
+# torch.distributed backend "cohort" (worker/torch) is built against them.
+packages+=(libtorch-dev pybind11-dev python3-dev)
 # Only needed for tools/fuzz.sh (clang's libFuzzer) and tools/faults.sh;
 # gcc's ASan, UBSan and TSan runtimes come with g++.
 if [[ "${COHORT_WITH_FUZZ:-0}" == 1 ]]; then
