@@ -3,7 +3,7 @@
 # real cohortd's TCPStore listener (--tcpstore_listen), cohortctl beside it.
 # Usage: torch_interop_test.sh NAME [ARGS...]  (NAME: store_ops, process_group,
 # torchrun, kill9). The same scripts run against torch's own TCPStore server
-# with --backend=torch (see tests/torch/cohort_torch.py).
+# with --backend=torch (see tests/torch/harness.py).
 set -uo pipefail
 
 PYTHON=/usr/bin/python3

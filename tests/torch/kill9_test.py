@@ -14,7 +14,7 @@ import sys
 from datetime import timedelta
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-import cohort_torch as ct  # noqa: E402
+import harness as ct  # noqa: E402
 
 KEYS = 300
 ADDS = 100

@@ -10,7 +10,7 @@ import time
 from datetime import timedelta
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-import cohort_torch as ct  # noqa: E402
+import harness as ct  # noqa: E402
 
 dist = ct.import_torch()
 

@@ -15,7 +15,7 @@ import sys
 import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-import cohort_torch as ct  # noqa: E402
+import harness as ct  # noqa: E402
 
 ct.import_torch()
 TORCHRUN = os.path.join(ct.HERE, "..", "..", "tools", "torchrun")
