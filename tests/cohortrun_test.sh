@@ -43,7 +43,7 @@ for n in a b; do
 done
 ranks=$(cat "$TMP"/env.out.* | sed -n 's/^rank=\([0-9]*\) .*/\1/p' | sort -n | tr '\n' ' ')
 [[ "$ranks" == "0 1 2 3 " ]] || fail "ranks: expected '0 1 2 3 ', got '$ranks'"
-[[ $(grep -c "world=4 lws=2 .*groups=2 round=0 restarts=0 run=env master=$ADDR addr=$ADDR prefix=runs/env/0" "$TMP"/env.out.* | awk -F: '{s+=$2} END {print s}') == 4 ]] ||
+[[ $(grep -c "world=4 lws=2 .*groups=2 round=0 restarts=0 run=env master=127.0.0.1:[0-9][0-9]* addr=$ADDR prefix=runs/env/0" "$TMP"/env.out.* | awk -F: '{s+=$2} END {print s}') == 4 ]] ||
   fail "environment: $(cat "$TMP"/env.out.*)"
 for n in a b; do
   group=$(sed -n 's/.*local=\([0-9]\) .*group=\([0-9]\) .*/\2/p' "$TMP/env.out.$n" | sort -u | tr -d '\n')

@@ -25,6 +25,10 @@
 
 ABSL_FLAG(std::string, coordinator, "",
           "cohortd HOST:PORT; default $COHORT_ADDR, else localhost:29500");
+ABSL_FLAG(std::string, tcpstore, "",
+          "cohortd's TCPStore listener HOST:PORT, where workers' torch stores "
+          "go; default $COHORT_TCPSTORE, else the coordinator's host, port "
+          "29400");
 ABSL_FLAG(std::string, run_id, "", "the job's id, the same on every node");
 ABSL_FLAG(std::string, nnodes, "1",
           "nodes in the job: N, or MIN:MAX for an elastic job");
@@ -51,16 +55,20 @@ ABSL_FLAG(absl::Duration, exit_barrier_timeout, absl::Seconds(300),
 namespace {
 
 constexpr char kUsage[] =
-    R"(cohortrun --run-id=ID [--coordinator=HOST:PORT] [--nnodes=MIN:MAX]
-          [--nproc-per-node=K] [--max-restarts=R] [--tee] [--node-id=NAME]
-          -- PROGRAM ARGS...
+    R"(cohortrun --run-id=ID [--coordinator=HOST:PORT] [--tcpstore=HOST:PORT]
+          [--nnodes=MIN:MAX] [--nproc-per-node=K] [--max-restarts=R] [--tee]
+          [--node-id=NAME] -- PROGRAM ARGS...
 
-Joins run ID on cohortd as one node and runs K copies of PROGRAM with RANK,
-LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT, COHORT_ADDR, COHORT_RUN_ID, COHORT_ROUND,
-COHORT_STORE_PREFIX and COHORT_RESTART_COUNT set. When a worker or a node
-fails, every node stops its workers and starts them again in a new round, up
-to R times. Exits 0 when all of this node's workers exited 0.
+Joins run ID on cohortd as one node and runs K copies of PROGRAM with the
+environment torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+GROUP_RANK, GROUP_WORLD_SIZE, ROLE_*, MASTER_ADDR, MASTER_PORT,
+TORCHELASTIC_*, ...) and COHORT_ADDR, COHORT_RUN_ID, COHORT_ROUND,
+COHORT_STORE_PREFIX and COHORT_RESTART_COUNT. MASTER_ADDR:MASTER_PORT is a
+proxy on this node's loopback to cohortd's TCPStore listener (--tcpstore),
+so dist.init_process_group("gloo") bootstraps through cohortd, with the
+job's keys under /cohortrun/ID/ROUND/. When a worker or a node fails, every
+node stops its workers and starts them again in a new round, up to R times.
+Exits 0 when all of this node's workers exited 0.
 Flags may be written with '-' or '_' (--nproc-per-node, --nproc_per_node).)";
 
 int Usage(const std::string& problem) {
@@ -114,6 +122,16 @@ int main(int argc, char** argv) {
   }
   if (auto split = cohort::SplitHostPort(options.coordinator); !split.ok()) {
     return Usage(absl::StrCat("--coordinator: ", split.status().message()));
+  }
+  options.tcpstore = absl::GetFlag(FLAGS_tcpstore);
+  if (options.tcpstore.empty()) {
+    const char* env = std::getenv("COHORT_TCPSTORE");
+    options.tcpstore = env != nullptr && *env != '\0'
+                           ? env
+                           : cohort::DefaultTcpStore(options.coordinator);
+  }
+  if (auto split = cohort::SplitHostPort(options.tcpstore); !split.ok()) {
+    return Usage(absl::StrCat("--tcpstore: ", split.status().message()));
   }
   auto nodes = cohort::ParseNodeRange(absl::GetFlag(FLAGS_nnodes));
   if (!nodes.ok()) {

@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -28,6 +30,9 @@ LauncherOptions WithDefaults(LauncherOptions options) {
   }
   if (options.node_id.empty()) {
     options.node_id = absl::StrCat(options.hostname, "-", getpid());
+  }
+  if (options.tcpstore.empty()) {
+    options.tcpstore = DefaultTcpStore(options.coordinator);
   }
   if (!options.log) {
     options.log = [](const std::string& line) {
@@ -58,6 +63,8 @@ std::string Plural(int n, const std::string& noun) {
   return absl::StrCat(n, " ", noun, n == 1 ? "" : "s");
 }
 
+bool InEnvironment(const char* name) { return std::getenv(name) != nullptr; }
+
 }  // namespace
 
 absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(
@@ -75,6 +82,18 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(
     host = host.substr(1, host.size() - 2);
   }
   return std::make_pair(host, address.substr(colon + 1));
+}
+
+std::string DefaultTcpStore(const std::string& coordinator) {
+  absl::StatusOr<std::pair<std::string, std::string>> split =
+      SplitHostPort(coordinator);
+  std::string host = split.ok() ? split->first : "localhost";
+  if (absl::StrContains(host, ':')) host = absl::StrCat("[", host, "]");
+  return absl::StrCat(host, ":", kDefaultTcpStorePort);
+}
+
+std::string StoreNamespace(const std::string& run_id, int64_t round) {
+  return absl::StrCat("/cohortrun/", run_id, "/", round, "/");
 }
 
 absl::StatusOr<std::pair<int, int>> ParseNodeRange(const std::string& range) {
@@ -121,6 +140,11 @@ int Launcher::Run() {
     return 1;
   }
   watch_ = std::move(*watch);
+  if (!InEnvironment("OMP_NUM_THREADS") && options_.nproc_per_node > 1) {
+    Log(absl::StrCat("setting OMP_NUM_THREADS=1 for each of the ",
+                     options_.nproc_per_node,
+                     " workers (as torchrun does); set it to choose"));
+  }
 
   for (int restart_count = 0;;) {
     RoundEnd end;
@@ -303,13 +327,21 @@ Launcher::RoundEnd Launcher::RunRound(Round& round, int restart_count) {
   if (int signal = stop_signal(); signal != 0) {
     return {RoundEnd::Kind::kStopped, SignalName(signal), 128 + signal};
   }
+  absl::StatusOr<int> store_port = BindTorchStore(r);
+  if (!store_port.ok()) {
+    std::string why = absl::StrCat(
+        options_.node_id,
+        " cannot start its torch store proxy: ", store_port.status().message());
+    round.member->ReportError(why).IgnoreError();
+    return {RoundEnd::Kind::kFatal, why};
+  }
   LocalWorkersOptions spawn;
   spawn.command = options_.command;
   spawn.tee = options_.tee;
   spawn.stdout_fd = options_.stdout_fd;
   spawn.stderr_fd = options_.stderr_fd;
-  absl::StatusOr<std::unique_ptr<LocalWorkers>> started =
-      LocalWorkers::Start(spawn, WorkerSpecs(round, restart_count));
+  absl::StatusOr<std::unique_ptr<LocalWorkers>> started = LocalWorkers::Start(
+      spawn, WorkerSpecs(round, restart_count, *store_port));
   if (!started.ok()) {
     std::string why =
         absl::StrCat(options_.node_id,
@@ -363,24 +395,64 @@ Launcher::RoundEnd Launcher::RunRound(Round& round, int restart_count) {
   }
 }
 
+absl::StatusOr<int> Launcher::BindTorchStore(const RendezvousResult& r) {
+  const std::string name_space = StoreNamespace(options_.run_id, r.round);
+  if (proxy_ == nullptr) {
+    TcpStoreProxyOptions proxy;
+    proxy.upstream = options_.tcpstore;
+    proxy.name_space = name_space;
+    proxy.log = [this](absl::string_view line) { Log(std::string(line)); };
+    absl::StatusOr<std::unique_ptr<TcpStoreProxy>> started =
+        TcpStoreProxy::Start(std::move(proxy));
+    if (!started.ok()) return started.status();
+    proxy_ = *std::move(started);
+  } else if (absl::Status s = proxy_->SetNamespace(name_space); !s.ok()) {
+    return s;
+  }
+  Log(absl::StrCat("round ", r.round,
+                   ": workers' torch store 127.0.0.1:", proxy_->port(),
+                   " is cohortd's ", options_.tcpstore, " under ", name_space));
+  return proxy_->port();
+}
+
 std::vector<WorkerSpec> Launcher::WorkerSpecs(const Round& round,
-                                              int restart_count) const {
+                                              int restart_count,
+                                              int store_port) const {
   const RendezvousResult& r = round.rendezvous;
-  auto master = SplitHostPort(options_.coordinator);
+  // What torchrun's agent sets (torch/distributed/elastic/agent/server/
+  // local_elastic_agent.py), with one role, "default". torch names the
+  // workers' keys /worker/attempt_<TORCHELASTIC_RESTART_COUNT>, so that
+  // count must agree across nodes: it is the round, which does, and which
+  // counts scale-up rounds too (COHORT_RESTART_COUNT counts failures).
   std::vector<std::pair<std::string, std::string>> common = {
       {"WORLD_SIZE", absl::StrCat(r.world_size)},
       {"LOCAL_WORLD_SIZE", absl::StrCat(options_.nproc_per_node)},
       {"GROUP_RANK", absl::StrCat(r.node_rank)},
       {"GROUP_WORLD_SIZE", absl::StrCat(r.num_nodes)},
-      {"MASTER_ADDR", master.ok() ? master->first : options_.coordinator},
-      {"MASTER_PORT", master.ok() ? master->second : ""},
+      {"ROLE_NAME", "default"},
+      {"ROLE_WORLD_SIZE", absl::StrCat(r.world_size)},
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", absl::StrCat(store_port)},
+      {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+      {"TORCHELASTIC_RESTART_COUNT", absl::StrCat(r.round)},
+      {"TORCHELASTIC_MAX_RESTARTS", absl::StrCat(options_.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", options_.run_id},
       {"COHORT_ADDR", options_.coordinator},
       {"COHORT_RUN_ID", options_.run_id},
       {"COHORT_ROUND", absl::StrCat(r.round)},
       {"COHORT_STORE_PREFIX", r.store_prefix},
       {"COHORT_RESTART_COUNT", absl::StrCat(restart_count)},
   };
-  absl::flat_hash_set<std::string> replaced = {"RANK", "LOCAL_RANK"};
+  // Defaults that a value in cohortrun's own environment overrides.
+  for (const char* name :
+       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"}) {
+    if (!InEnvironment(name)) common.emplace_back(name, "1");
+  }
+  if (!InEnvironment("OMP_NUM_THREADS") && options_.nproc_per_node > 1) {
+    common.emplace_back("OMP_NUM_THREADS", "1");
+  }
+  absl::flat_hash_set<std::string> replaced = {"RANK", "LOCAL_RANK",
+                                               "ROLE_RANK"};
   for (const auto& [name, value] : common) replaced.insert(name);
   std::vector<std::string> inherited;
   for (char** entry = environ; *entry != nullptr; ++entry) {
@@ -396,6 +468,7 @@ std::vector<WorkerSpec> Launcher::WorkerSpecs(const Round& round,
     spec.environment = inherited;
     spec.environment.push_back(absl::StrCat("RANK=", spec.rank));
     spec.environment.push_back(absl::StrCat("LOCAL_RANK=", local_rank));
+    spec.environment.push_back(absl::StrCat("ROLE_RANK=", spec.rank));
     for (const auto& [name, value] : common) {
       spec.environment.push_back(absl::StrCat(name, "=", value));
     }

@@ -2,12 +2,18 @@
 //
 // Each round it joins the run's rendezvous as one node, joins the membership
 // group named after the run (so peers see it fail), starts one worker
-// process per local rank with the environment a torch.distributed program
-// expects, and watches three things: its workers, its peers' membership
-// events, and nodes waiting to join the run. When a worker fails or a peer
-// goes away it stops its workers and joins the next round, up to
+// process per local rank with the environment torchrun gives a
+// torch.distributed program, and watches three things: its workers, its peers'
+// membership events, and nodes waiting to join the run. When a worker fails or
+// a peer goes away it stops its workers and joins the next round, up to
 // max_restarts times; when nodes wait to join (and the round is below
 // max_nodes) it does the same without counting a restart, as torchrun does.
+//
+// The workers' torch store (MASTER_ADDR:MASTER_PORT, with
+// TORCHELASTIC_USE_AGENT_STORE=True) is a TcpStoreProxy on this node's
+// loopback that connects them to cohortd's TCPStore listener, every key
+// under /cohortrun/<run id>/<round>/: no worker hosts a store, jobs sharing
+// cohortd are isolated, and each round starts with no keys.
 //
 //   Launcher launcher(options, std::move(rendezvous), std::move(membership));
 //   return launcher.Run();
@@ -30,14 +36,21 @@
 #include "absl/time/time.h"
 #include "client/membership_client.h"
 #include "client/rendezvous_client.h"
+#include "client/tcpstore_proxy.h"
 #include "worker/launch/local_workers.h"
 
 namespace cohort {
 
+// The port of cohortd's TCPStore listener unless told otherwise (cohortd's
+// --tcpstore_listen default, and torchrun's c10d rendezvous port).
+inline constexpr int kDefaultTcpStorePort = 29400;
+
 struct LauncherOptions {
-  // HOST:PORT of cohortd; also handed to workers as MASTER_ADDR/MASTER_PORT
-  // and COHORT_ADDR.
+  // HOST:PORT of cohortd; handed to workers as COHORT_ADDR.
   std::string coordinator = kDefaultAddress;
+  // HOST:PORT of cohortd's TCPStore listener, where the node's proxy sends
+  // the workers' torch store connections. Empty: DefaultTcpStore(coordinator).
+  std::string tcpstore;
   std::string run_id;
   int min_nodes = 1;
   int max_nodes = 1;
@@ -83,6 +96,15 @@ struct LauncherOptions {
 // INVALID_ARGUMENT without a port.
 absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(
     const std::string& address);
+
+// The coordinator's host with kDefaultTcpStorePort: "cohortd:29500" ->
+// "cohortd:29400", "[::1]:29500" -> "[::1]:29400".
+std::string DefaultTcpStore(const std::string& coordinator);
+
+// The namespace of a round's torch keys on cohortd's TCPStore listener:
+// "/cohortrun/<run_id>/<round>/". Run ids have no "/" (cohortd refuses
+// them), so no two runs or rounds share one.
+std::string StoreNamespace(const std::string& run_id, int64_t round);
 
 // "2" -> {2, 2}; "1:4" -> {1, 4}. INVALID_ARGUMENT unless 1 <= min <= max.
 absl::StatusOr<std::pair<int, int>> ParseNodeRange(const std::string& range);
@@ -146,8 +168,11 @@ class Launcher {
 
   // Runs the round's workers until one of the triggers above.
   RoundEnd RunRound(Round& round, int restart_count);
-  std::vector<WorkerSpec> WorkerSpecs(const Round& round,
-                                      int restart_count) const;
+  // Points the node's TcpStoreProxy (started on the first call) at the
+  // round's namespace; returns its port.
+  absl::StatusOr<int> BindTorchStore(const RendezvousResult& r);
+  std::vector<WorkerSpec> WorkerSpecs(const Round& round, int restart_count,
+                                      int store_port) const;
   // The first relevant failure among the peer events received so far.
   std::optional<std::string> PeerTrouble(const Round& round);
   // Whether nodes wait to join a round that has room for them.
@@ -170,6 +195,7 @@ class Launcher {
   const std::unique_ptr<RendezvousClient> rendezvous_;
   const std::unique_ptr<MembershipClient> membership_;
   std::unique_ptr<MemberWatch> watch_;
+  std::unique_ptr<TcpStoreProxy> proxy_;  // Run's thread only.
 
   mutable absl::Mutex mu_;
   // Member events not yet looked at, from the watch's thread.

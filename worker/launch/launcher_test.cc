@@ -1,6 +1,9 @@
 #include "worker/launch/launcher.h"
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
@@ -13,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
@@ -231,6 +235,9 @@ class LauncherTest : public ::testing::Test {
     options_.node_id = "node-a";
     options_.hostname = "host-a";
     options_.coordinator = "cohortd.example:29511";
+    // Nothing listens there; only the proxy test's workers connect to it,
+    // and it sets its own.
+    options_.tcpstore = "127.0.0.1:1";
     options_.stop_grace = absl::Seconds(2);
     options_.poll_interval = absl::Milliseconds(10);
     options_.run_status_interval = absl::Milliseconds(50);
@@ -261,19 +268,41 @@ class LauncherTest : public ::testing::Test {
 TEST_F(LauncherTest, RunsWorkersWithTheTorchrunEnvironment) {
   world_.nodes = 2;
   options_.nproc_per_node = 2;
+  options_.max_restarts = 3;
+  for (const char* name : {"OMP_NUM_THREADS", "NCCL_ASYNC_ERROR_HANDLING",
+                           "TORCH_NCCL_ASYNC_ERROR_HANDLING"}) {
+    unsetenv(name);
+  }
   auto launcher = MakeLauncher(absl::StrCat(
       "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK "
-      "$GROUP_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $COHORT_ADDR "
+      "$GROUP_WORLD_SIZE $COHORT_ADDR "
       "$COHORT_RUN_ID $COHORT_ROUND $COHORT_STORE_PREFIX "
       "$COHORT_RESTART_COUNT > ",
-      dir_, "/env.$RANK"));
+      dir_,
+      "/env.$RANK; "
+      "echo $ROLE_RANK $ROLE_NAME $ROLE_WORLD_SIZE $MASTER_ADDR "
+      "$TORCHELASTIC_USE_AGENT_STORE $TORCHELASTIC_RESTART_COUNT "
+      "$TORCHELASTIC_MAX_RESTARTS $TORCHELASTIC_RUN_ID "
+      "$TORCH_NCCL_ASYNC_ERROR_HANDLING $NCCL_ASYNC_ERROR_HANDLING "
+      "$OMP_NUM_THREADS >> ",
+      dir_, "/env.$RANK; echo $MASTER_PORT > ", dir_, "/port.$RANK"));
   EXPECT_EQ(launcher->Run(), 0) << Log();
   for (int rank : {0, 1}) {
     EXPECT_EQ(ReadFile(absl::StrCat(dir_, "/env.", rank)),
               absl::StrCat(rank, " ", rank,
-                           " 4 2 0 2 cohortd.example 29511 "
-                           "cohortd.example:29511 job 1 /rdzv/job/1 0\n"));
+                           " 4 2 0 2 cohortd.example:29511 job 1 /rdzv/job/1 "
+                           "0\n",
+                           rank, " default 4 127.0.0.1 True 1 3 job 1 1 1\n"));
   }
+  // MASTER_PORT is the node's proxy, the same for both.
+  const std::string port = ReadFile(absl::StrCat(dir_, "/port.0"));
+  EXPECT_EQ(ReadFile(absl::StrCat(dir_, "/port.1")), port);
+  EXPECT_THAT(Log(), HasSubstr(absl::StrCat(
+                         "round 1: workers' torch store 127.0.0.1:",
+                         absl::StripAsciiWhitespace(port),
+                         " is cohortd's 127.0.0.1:1 under /cohortrun/job/1/")));
+  EXPECT_THAT(Log(), HasSubstr("setting OMP_NUM_THREADS=1 for each of the 2 "
+                               "workers (as torchrun does)"));
   EXPECT_THAT(world_.barriers,
               ElementsAre("cohortrun.round-1.start [node-a node-b]",
                           "cohortrun.round-1.exit [node-a node-b]"));
@@ -281,6 +310,63 @@ TEST_F(LauncherTest, RunsWorkersWithTheTorchrunEnvironment) {
   EXPECT_THAT(Log(), HasSubstr("joining run job (nodes 1:1) as node-a"));
   EXPECT_THAT(Log(), HasSubstr("round 1: node rank 0 of 2, world size 4, "
                                "ranks 0-1"));
+}
+
+// The workers' MASTER_ADDR:MASTER_PORT reaches cohortd's TCPStore port
+// through the node's proxy, each round under its own namespace.
+TEST_F(LauncherTest, WorkersReachTheTcpStoreThroughTheProxyPerRound) {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+            0);
+  ASSERT_EQ(listen(listener, 8), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  options_.tcpstore = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  // What each connection to the fake cohortd carried, hello included.
+  std::vector<std::string> received;
+  std::thread cohortd([&] {
+    for (int i = 0; i < 2; ++i) {
+      const int fd = accept(listener, nullptr, nullptr);
+      if (fd < 0) return;
+      std::string bytes;
+      char buf[256];
+      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) {
+        bytes.append(buf, n);
+      }
+      close(fd);
+      received.push_back(bytes);
+    }
+  });
+  options_.max_restarts = 1;
+  options_.command = {
+      "bash", "-c",
+      "exec 3<>/dev/tcp/$MASTER_ADDR/$MASTER_PORT && printf "
+      "\"round $TORCHELASTIC_RESTART_COUNT\" >&3 && exec 3>&- && "
+      "[ $TORCHELASTIC_RESTART_COUNT = 2 ]"};
+  Launcher launcher(options_, std::make_unique<FakeRendezvous>(&world_),
+                    std::make_unique<FakeMembership>(&world_));
+  EXPECT_EQ(launcher.Run(), 0) << Log();
+  cohortd.join();
+  close(listener);
+  std::vector<std::string> expected;
+  for (int round : {1, 2}) {
+    // The namespace hello (proto/tcpstore/wire.h): magic, u32 length.
+    const std::string name_space = StoreNamespace("job", round);
+    std::string hello = "\xC0NS1";
+    hello += static_cast<char>(name_space.size());
+    hello += std::string(3, '\0');
+    expected.push_back(absl::StrCat(hello, name_space, "round ", round));
+  }
+  EXPECT_EQ(received, expected);
+}
+
+TEST(LauncherDefaultsTest, TcpStoreAddressAndNamespace) {
+  EXPECT_EQ(DefaultTcpStore("cohortd.example:29500"), "cohortd.example:29400");
+  EXPECT_EQ(DefaultTcpStore("[::1]:29500"), "[::1]:29400");
+  EXPECT_EQ(StoreNamespace("job 7", 3), "/cohortrun/job 7/3/");
 }
 
 TEST_F(LauncherTest, RestartsAfterAWorkerFailsAndTellsThePeers) {
