@@ -10,7 +10,8 @@ all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, all_to_all)
 are checked against the same data moved by gloo's other ops. Also:
 non-contiguous tensors, uneven all_gather and all_to_all_single, async
 works and their futures, and the refusals (dtype, reduce op,
-recv from any source) and errors (mismatched ops) with their messages.
+recv from any source) and errors (mismatched ops) with their messages, and
+a subgroup made by new_group(backend="cohort").
 
 Run: bazel test //tests:torch_backend_ops_test, or by hand
   PYTHONPATH=bazel-bin/worker/torch /usr/bin/python3 \
@@ -253,6 +254,19 @@ class Job:
         doubled = fut.then(lambda f: f.value()[0] * 2).wait()
         self.same("all_reduce future .then()", doubled, torch.full((4,), 2.0 * world))
 
+    def subgroup(self):
+        rank, world = self.rank, self.world
+        members = [0, world - 1]
+        sub = dist.new_group(members, backend="cohort",
+                             timeout=timedelta(seconds=30))
+        if rank in members:
+            self.c.eq("subgroup size", sub.size(), 2)
+            t = torch.tensor([float(rank + 1)])
+            dist.all_reduce(t, group=sub)
+            self.same("all_reduce in new_group([0, last], backend=cohort)", t,
+                      torch.tensor([float(1 + world)]))
+        dist.barrier()
+
     def refusals(self):
         rank, world = self.rank, self.world
 
@@ -301,6 +315,7 @@ class Job:
         for dt in DTYPES:
             self.c.section(f"every op, {dt}", self.ops, dt)
         self.c.section("layouts, uneven sizes, async", self.shapes_and_async)
+        self.c.section("a subgroup", self.subgroup)
         self.c.section("refusals and errors", self.refusals)
         dist.destroy_process_group()
         self.c.finish()
