@@ -1,5 +1,6 @@
 #include "worker/torch/process_group_cohort.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <utility>
 
@@ -209,7 +210,20 @@ ProcessGroupCohort::ProcessGroupCohort(
     : c10d::ProcessGroup(group->rank(), group->size()),
       group_(std::move(group)) {}
 
-ProcessGroupCohort::~ProcessGroupCohort() = default;
+namespace {
+std::atomic<ProcessGroupCohort::WaitHook> wait_hook{nullptr};
+}  // namespace
+
+void ProcessGroupCohort::SetWaitHook(WaitHook hook) { wait_hook = hook; }
+
+ProcessGroupCohort::~ProcessGroupCohort() {
+  const std::function<void()> destroy = [this] { group_.reset(); };
+  if (WaitHook hook = wait_hook.load()) {
+    hook(destroy);
+  } else {
+    destroy();
+  }
+}
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::broadcast(
     Tensors& tensors, const c10d::BroadcastOptions& opts) {

@@ -25,6 +25,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,8 +49,19 @@ class ProcessGroupCohort final : public c10d::ProcessGroup {
   // Over a group that is already connected. Use Create.
   explicit ProcessGroupCohort(std::unique_ptr<cohort::ProcessGroup> group);
 
-  // Waits for the ops already issued to end (each bounded by the timeout).
+  // Waits for the ops already issued to end (each bounded by the timeout),
+  // inside the wait hook.
   ~ProcessGroupCohort() override;
+
+  // Runs `wait`, which blocks until the group's backend threads are done,
+  // after letting go of what they may need: the destroying thread may hold
+  // Python's GIL (torch drops groups from Python and from DDP's Reducer with
+  // it held), and a backend thread finishing an op may need it to free a
+  // tensor whose Python object torch kept alive, or to run a Python future
+  // callback. cohort_torch sets a hook that releases the GIL; without one,
+  // `wait` runs as is.
+  using WaitHook = void (*)(const std::function<void()>& wait);
+  static void SetWaitHook(WaitHook hook);
 
   const std::string getBackendName() const override { return "cohort"; }
 
@@ -110,7 +122,7 @@ class ProcessGroupCohort final : public c10d::ProcessGroup {
                                       int src_rank, int tag) override;
 
  private:
-  const std::unique_ptr<cohort::ProcessGroup> group_;
+  std::unique_ptr<cohort::ProcessGroup> group_;
 };
 
 }  // namespace cohort
