@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/log_limiter.h"
 #include "proto/tcpstore/wire.h"
 
 namespace cohort {
@@ -195,8 +196,8 @@ class TcpStoreProxy::Loop {
       const int n = epoll_wait(epoll_fd_, events.data(), events.size(),
                                MillisToNextTimer());
       if (n < 0 && errno != EINTR) {
-        LogLimited(absl::StrCat("TCPStore proxy: epoll_wait failed: ",
-                                std::strerror(errno)));
+        log_.Log(absl::StrCat("TCPStore proxy: epoll_wait failed: ",
+                              std::strerror(errno)));
         break;
       }
       for (int i = 0; i < n; ++i) {
@@ -232,7 +233,7 @@ class TcpStoreProxy::Loop {
       // Out of descriptors (or memory): the connection waits in the
       // backlog, and the listener is not watched for a moment, so the
       // loop does not spin on it.
-      LogLimited(
+      log_.Log(
           absl::StrCat("TCPStore proxy: accept failed: ", std::strerror(errno),
                        "; retrying in ", absl::FormatDuration(kAcceptPause)));
       Watch(listen_fd_, kListenerTag, 0, EPOLL_CTL_MOD);
@@ -305,7 +306,7 @@ class TcpStoreProxy::Loop {
   void Retry(Pair& p) {
     const absl::Time now = absl::Now();
     if (now >= p.give_up) {
-      LogLimited(absl::StrCat(
+      log_.Log(absl::StrCat(
           "TCPStore proxy: cannot reach cohortd's TCPStore listener at ",
           options_.upstream, " (", p.error, ") after ",
           absl::FormatDuration(options_.connect_timeout),
@@ -477,22 +478,6 @@ class TcpStoreProxy::Loop {
     open_ = pairs_.size();
   }
 
-  void LogLimited(std::string line) {
-    if (!options_.log) return;
-    const absl::Time now = absl::Now();
-    if (now - last_log_ < absl::Seconds(1)) {
-      ++suppressed_;
-      return;
-    }
-    last_log_ = now;
-    if (suppressed_ > 0) {
-      absl::StrAppend(&line, " (and ", suppressed_,
-                      " more such lines since the last one)");
-    }
-    suppressed_ = 0;
-    options_.log(line);
-  }
-
   const TcpStoreProxyOptions options_;
   const std::vector<Address> upstream_;
   const int listen_fd_;
@@ -510,8 +495,7 @@ class TcpStoreProxy::Loop {
   absl::flat_hash_map<uint64_t, std::unique_ptr<Pair>> pairs_;
   std::set<std::pair<absl::Time, uint64_t>> timers_;  // Connect retries.
   absl::Time accept_paused_until_ = absl::InfiniteFuture();
-  absl::Time last_log_ = absl::InfinitePast();
-  uint64_t suppressed_ = 0;
+  base::LogLimiter log_{options_.log, absl::Seconds(1)};
 
   std::atomic<size_t> open_{0};
   std::atomic<uint64_t> accepted_{0};

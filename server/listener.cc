@@ -146,7 +146,10 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::Bind(
 }
 
 Listener::Listener(int fd, int port, ListenerOptions options)
-    : fd_(fd), port_(port), options_(std::move(options)) {
+    : fd_(fd),
+      port_(port),
+      options_(std::move(options)),
+      log_(options_.log, kLogEvery) {
   // Kept so that, out of fds, one can be freed to accept and close a
   // connection instead of leaving it hanging in the backlog.
   spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -198,7 +201,7 @@ void Listener::AcceptLoop() {
         } else {
           absl::SleepFor(absl::Milliseconds(10));
         }
-        LogLimited(absl::StrCat(
+        log_.Log(absl::StrCat(
             "out of file descriptors (", strerror(errno),
             "): closed a new connection unserved; accepting again as soon as "
             "descriptors are free (raise `ulimit -n`, or lower "
@@ -238,22 +241,7 @@ void Listener::Refuse(int fd, absl::string_view why) {
   while (read(fd, buf, sizeof(buf)) > 0) {
   }
   close(fd);
-  LogLimited(why);
-}
-
-void Listener::LogLimited(absl::string_view message) {
-  if (!options_.log) return;
-  const int64_t now = absl::GetCurrentTimeNanos();
-  if (now - last_log_ns_ < absl::ToInt64Nanoseconds(kLogEvery)) {
-    ++suppressed_;
-    return;
-  }
-  last_log_ns_ = now;
-  options_.log(suppressed_ == 0
-                   ? std::string(message)
-                   : absl::StrCat(message, " (and ", suppressed_,
-                                  " more like it since the last report)"));
-  suppressed_ = 0;
+  log_.Log(why);
 }
 
 }  // namespace cohort::server

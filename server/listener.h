@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/log_limiter.h"
 #include "grpcpp/server.h"
 
 namespace cohort::server {
@@ -67,7 +68,6 @@ class Listener {
   // a tracked fd whose inode changed was closed and reused).
   size_t CountOpen();
   void Refuse(int fd, absl::string_view why);
-  void LogLimited(absl::string_view message);
 
   const int fd_;
   const int port_;
@@ -79,8 +79,7 @@ class Listener {
   // fd -> inode of the sockets handed to gRPC. Only the accept thread
   // touches it.
   absl::flat_hash_map<int, uint64_t> open_;
-  int64_t last_log_ns_ = 0;
-  size_t suppressed_ = 0;
+  base::LogLimiter log_;  // The accept thread's.
 };
 
 }  // namespace cohort::server

@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/log_limiter.h"
 #include "proto/c10d/rules.h"
 #include "proto/tcpstore/wire.h"
 #include "server/listener.h"
@@ -111,7 +112,8 @@ class TcpStoreServer::Loop {
   Loop(store::KvStore* store, TcpStoreServerOptions options)
       : store_(store),
         options_(std::move(options)),
-        limits_{store_->limits().c10d_limits(), options_.max_request_bytes} {
+        limits_{store_->limits().c10d_limits(), options_.max_request_bytes},
+        log_(options_.log, options_.log_every) {
     read_buffer_.resize(kReadBufferBytes);
   }
 
@@ -292,8 +294,8 @@ class TcpStoreServer::Loop {
 
   void Accept(int status) {
     if (status < 0) {
-      LogLimited(absl::StrCat("TCPStore listener: accept failed: ",
-                              uv_strerror(status)));
+      log_.Log(absl::StrCat("TCPStore listener: accept failed: ",
+                            uv_strerror(status)));
       return;
     }
     // An accept storm (thousands of ranks connecting at once) is taken
@@ -330,9 +332,9 @@ class TcpStoreServer::Loop {
     }
     ++accepted_;
     if (conns_.size() >= options_.max_connections) {
-      LogLimited(absl::StrCat("refusing TCPStore connection from ",
-                              PeerName(&c->tcp), ": ", conns_.size(),
-                              " connections are open (max_connections)"));
+      log_.Log(absl::StrCat("refusing TCPStore connection from ",
+                            PeerName(&c->tcp), ": ", conns_.size(),
+                            " connections are open (max_connections)"));
       uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), &Loop::OnClosed);
       return;
     }
@@ -352,7 +354,7 @@ class TcpStoreServer::Loop {
   void Close(Conn& c, absl::string_view why, bool bad_input) {
     if (c.closing) return;
     if (!why.empty()) {
-      LogLimited(
+      log_.Log(
           absl::StrCat("closing TCPStore connection from ", c.peer, ": ", why));
     }
     if (bad_input) ++closed_bad_input_;
@@ -992,22 +994,6 @@ class TcpStoreServer::Loop {
     uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
   }
 
-  void LogLimited(std::string line) {
-    if (!options_.log) return;
-    const absl::Time now = absl::Now();
-    if (now - last_log_ < options_.log_every) {
-      ++suppressed_;
-      return;
-    }
-    last_log_ = now;
-    if (suppressed_ > 0) {
-      absl::StrAppend(&line, " (and ", suppressed_,
-                      " more such lines since the last one)");
-    }
-    suppressed_ = 0;
-    options_.log(line);
-  }
-
   store::KvStore* const store_;
   const TcpStoreServerOptions options_;
   const tcpstore::Limits limits_;
@@ -1045,8 +1031,7 @@ class TcpStoreServer::Loop {
   size_t batch_bytes_ = 0;
   bool batch_wants_reply_ = false;
   int64_t batch_since_ns_ = 0;
-  absl::Time last_log_ = absl::InfinitePast();
-  uint64_t suppressed_ = 0;
+  base::LogLimiter log_;
 
   absl::Mutex mu_;
   std::vector<std::function<void()>> posted_ ABSL_GUARDED_BY(mu_);
