@@ -1,6 +1,7 @@
 #include "worker/torch/torch_work.h"
 
 #include <exception>
+#include <mutex>
 #include <stdexcept>
 #include <utility>
 
@@ -31,6 +32,27 @@ TorchWork::TorchWork(int rank, c10d::OpType type,
       future_(c10::make_intrusive<c10::ivalue::Future>(
           c10::ListType::create(c10::TensorType::get()))) {}
 
+bool TorchWork::isCompleted() { return future_->completed(); }
+
+bool TorchWork::wait(std::chrono::milliseconds timeout) {
+  std::exception_ptr error;  // The op's, or a timeout of this wait.
+  try {
+    c10d::Work::wait(timeout);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  bool completed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    completed = completed_;
+  }
+  // The future completes right after the work's own state, on the same
+  // thread.
+  if (completed) future_->wait();
+  if (error) std::rethrow_exception(error);
+  return true;
+}
+
 std::vector<at::Tensor> TorchWork::result() { return outputs_; }
 
 c10::intrusive_ptr<c10::ivalue::Future> TorchWork::getFuture() {
@@ -54,12 +76,12 @@ void TorchWork::Complete(const absl::Status& status) {
   }
   finish_ = nullptr;
   keep_.clear();
+  finish(error);
   if (error) {
     future_->setError(error);
   } else {
     future_->markCompleted(c10::IValue(outputs_));
   }
-  finish(error);
 }
 
 }  // namespace cohort

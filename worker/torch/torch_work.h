@@ -3,15 +3,17 @@
 //
 // It completes when the cohort op does, on the backend thread that ends it:
 // first `finish` runs (it copies results out of staging buffers into the
-// caller's tensors), then the future completes with the output tensors (or
-// the error), then waiters wake. So whoever sees it complete, through
-// wait(), isCompleted() or the future, sees the outputs filled. A failed op
+// caller's tensors), then the work's own state is set, then the future
+// completes with the output tensors (or the error). isCompleted() and
+// wait() answer for both, so whoever sees the work complete, through
+// either, sees the outputs filled and the future done. A failed op
 // is a std::runtime_error ("cohort: DEADLINE_EXCEEDED: AllReduce SUM of 4
 // f32 on rank 1 of 2: ..."), thrown by wait() and held by exception() and
 // the future; Python sees a RuntimeError.
 #ifndef COHORT_WORKER_TORCH_TORCH_WORK_H_
 #define COHORT_WORKER_TORCH_TORCH_WORK_H_
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -42,8 +44,11 @@ class TorchWork final : public c10d::Work {
   TorchWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
             std::vector<at::Tensor> keep, Finish finish);
 
-  // isCompleted, isSuccess, exception and wait are c10d::Work's, over the
-  // state that Complete sets.
+  // Whether the future has completed (the work's own state is set first).
+  bool isCompleted() override;
+  // c10d::Work's wait (throws the op's error), then until the future is
+  // complete. isSuccess and exception are c10d::Work's.
+  bool wait(std::chrono::milliseconds timeout) override;
   std::vector<at::Tensor> result() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
