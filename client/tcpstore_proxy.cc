@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -190,11 +191,26 @@ class TcpStoreProxy::Loop {
     epoll_ctl(epoll_fd_, op, fd, &ev);
   }
 
+  // The loop thread. After bytes move it polls without sleeping for up to
+  // spin_after_activity, yielding the CPU between polls, so that the reply
+  // to what it just passed on is passed back without the wake-up of a
+  // sleeping thread.
   void Run() {
     std::vector<epoll_event> events(256);
+    const int64_t spin_ns =
+        absl::ToInt64Nanoseconds(options_.spin_after_activity);
+    int64_t last_activity_ns = 0;
     while (!stop_) {
+      const bool spin =
+          spin_ns > 0 &&
+          absl::GetCurrentTimeNanos() - last_activity_ns < spin_ns;
       const int n = epoll_wait(epoll_fd_, events.data(), events.size(),
-                               MillisToNextTimer());
+                               spin ? 0 : MillisToNextTimer());
+      if (n == 0 && spin) {
+        sched_yield();
+        RunTimers();
+        continue;
+      }
       if (n < 0 && errno != EINTR) {
         log_.Log(absl::StrCat("TCPStore proxy: epoll_wait failed: ",
                               std::strerror(errno)));
@@ -211,6 +227,7 @@ class TcpStoreProxy::Loop {
           }
         } else if (auto it = pairs_.find(tag >> 1); it != pairs_.end()) {
           OnEvent(*it->second, static_cast<Which>(tag & 1), events[i].events);
+          last_activity_ns = absl::GetCurrentTimeNanos();
         }
       }
       RunTimers();

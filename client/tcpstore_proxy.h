@@ -51,6 +51,11 @@ struct TcpStoreProxyOptions {
   // closes the worker's connection. Bytes the worker sends meanwhile wait
   // in its socket.
   absl::Duration connect_timeout = absl::Seconds(30);
+  // How long the loop thread keeps polling, instead of sleeping, after it
+  // moved bytes (yielding the CPU between polls): a worker's request and
+  // cohortd's reply then each cross the proxy without a thread wake-up.
+  // 0: always sleep.
+  absl::Duration spin_after_activity = absl::Microseconds(50);
   // Where failures to reach cohortd are reported, at most one line a
   // second. Null: nowhere.
   std::function<void(absl::string_view)> log;
