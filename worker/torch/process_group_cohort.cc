@@ -1,6 +1,7 @@
 #include "worker/torch/process_group_cohort.h"
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <utility>
 
