@@ -14,7 +14,6 @@ Run: bazel test //tests:torch_backend_ddp_test, or by hand
   PYTHONPATH=bazel-bin/worker/torch /usr/bin/python3 \
       tests/torch/backend_ddp_test.py --worlds=2,3
 """
-import os
 import sys
 from datetime import timedelta
 
@@ -101,15 +100,5 @@ def train(rank, world):
     c.finish()
 
 
-def main():
-    if args.rank >= 0:
-        train(args.rank, args.world)
-    worlds = [int(w) for w in args.worlds.split(",")]
-    failed = backend_ranks.run_jobs(os.path.abspath(sys.argv[0]), worlds,
-                                    deadline_s=90, name="backend_ddp_test")
-    print("backend_ddp_test: " + ("FAILED" if failed else "all jobs passed"))
-    sys.exit(1 if failed else 0)
-
-
 if __name__ == "__main__":
-    main()
+    backend_ranks.main(args, train, "backend_ddp_test")

@@ -17,7 +17,6 @@ Run: bazel test //tests:torch_backend_ops_test, or by hand
   PYTHONPATH=bazel-bin/worker/torch /usr/bin/python3 \
       tests/torch/backend_ops_test.py --worlds=2,3
 """
-import os
 import sys
 from datetime import timedelta
 
@@ -321,15 +320,6 @@ class Job:
         self.c.finish()
 
 
-def main():
-    if args.rank >= 0:
-        Job(args.rank, args.world).run()
-    worlds = [int(w) for w in args.worlds.split(",")]
-    failed = backend_ranks.run_jobs(os.path.abspath(sys.argv[0]), worlds,
-                                    deadline_s=90, name="backend_ops_test")
-    print("backend_ops_test: " + ("FAILED" if failed else "all jobs passed"))
-    sys.exit(1 if failed else 0)
-
-
 if __name__ == "__main__":
-    main()
+    backend_ranks.main(args, lambda rank, world: Job(rank, world).run(),
+                       "backend_ops_test")

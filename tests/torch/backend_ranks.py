@@ -106,10 +106,16 @@ def wait_all(ranks, deadline_s):
     return codes
 
 
-def run_jobs(script, worlds, deadline_s, name):
-    """Runs one job per world size; returns the number of failed jobs."""
+def main(args, rank_main, name, deadline_s=90):
+    """A rank (--rank given) runs rank_main(rank, world), which exits.
+    Otherwise this is the parent: one job per world size of --worlds, in
+    order; exits 1 if any rank of any job failed."""
+    if args.rank >= 0:
+        rank_main(args.rank, args.world)
+        sys.exit(0)
+    script = os.path.abspath(sys.argv[0])
     failed = 0
-    for world in worlds:
+    for world in [int(w) for w in args.worlds.split(",")]:
         print(f"== {name}: world {world}", flush=True)
         t0 = time.monotonic()
         codes = wait_all(launch(script, world, name=name), deadline_s)
@@ -118,4 +124,5 @@ def run_jobs(script, worlds, deadline_s, name):
               + (f"; FAILED ranks (exit codes): {bad}" if bad else ""),
               flush=True)
         failed += bool(bad)
-    return failed
+    print(f"{name}: " + ("FAILED" if failed else "all jobs passed"))
+    sys.exit(1 if failed else 0)
