@@ -209,7 +209,9 @@ c10::intrusive_ptr<ProcessGroupCohort> ProcessGroupCohort::Create(
 ProcessGroupCohort::ProcessGroupCohort(
     std::unique_ptr<cohort::ProcessGroup> group)
     : c10d::ProcessGroup(group->rank(), group->size()),
-      group_(std::move(group)) {}
+      group_(std::move(group)) {
+  init();  // torch's usage logging, as its own backends do.
+}
 
 namespace {
 std::atomic<ProcessGroupCohort::WaitHook> wait_hook{nullptr};
