@@ -12,6 +12,18 @@
 #   restart   a worker exits 1 in the first round (--max-restarts=1); the
 #             second round starts with none of the first round's keys and
 #             completes
+# and with the torch.distributed backend "cohort" (cohort_torch.so, which
+# Bazel built, on PYTHONPATH as tests/torch_backend_test.sh puts it):
+#   backend_ddp      the ddp job twice, with --backend=gloo then
+#                    --backend=cohort: in each every rank ends with the same
+#                    parameters, and cohort's equal gloo's (allclose, rtol
+#                    1e-5, atol 1e-6)
+#   backend_restart  the ddp job on "cohort" with --max-restarts=1; in the
+#                    first round rank 1 SIGKILLs itself mid-training
+#                    (tests/torch/kill_first_round.py): the other ranks' next
+#                    op fails at once with an error naming it, round 1
+#                    starts within seconds and completes with the same
+#                    parameters on every rank
 set -uo pipefail
 
 PYTHON=/usr/bin/python3
@@ -19,7 +31,7 @@ COHORTD=server/cohortd
 RUN=worker/launch/cohortrun
 CTL=client/cohortctl
 SCRIPTS=tests/torch
-mode=${1:?usage: torch_cohortrun_test.sh ddp|two_jobs|restart}
+mode=${1:?usage: torch_cohortrun_test.sh ddp|two_jobs|restart|backend_ddp|backend_restart}
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
@@ -31,6 +43,14 @@ if ! "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>"$T
   exit 1
 fi
 export PYTHONDONTWRITEBYTECODE=1
+if [[ $mode == backend_* ]]; then
+  module_dir="$PWD/worker/torch"
+  if [[ ! -f "$module_dir/cohort_torch.so" ]]; then
+    echo "FAIL: no cohort_torch.so in $module_dir (a data dependency of this test)"
+    exit 1
+  fi
+  export PYTHONPATH="$module_dir"  # cohortrun passes it on to the workers
+fi
 
 "$COHORTD" --listen=127.0.0.1:0 --tcpstore_listen=127.0.0.1:0 --engine=memory 2>"$TMP/cohortd.log" &
 CPID=$!
@@ -91,6 +111,9 @@ expect_keys_under() {
   [[ $n -gt 0 ]] || fail "no keys under $prefix"
 }
 
+# within T0 T LIMIT: T0 <= T < T0 + LIMIT (wall-clock seconds, fractional).
+within() { awk -v t0="$1" -v t="$2" -v limit="$3" 'BEGIN { exit !(t >= t0 && t < t0 + limit) }'; }
+
 start=$SECONDS
 case $mode in
   ddp)
@@ -133,6 +156,78 @@ case $mode in
       fail "the first round's key is not under /cohortrun/again/0/"
     expect_keys_under /cohortrun/again/1///worker/attempt_1/default_pg/
     expect_keys_only_under /cohortrun/again/0/ /cohortrun/again/1/
+    ;;
+  backend_ddp)
+    # One job after the other (2 cores), each rank 0 saving its parameters.
+    for backend in gloo cohort; do
+      for n in a b; do
+        node "ddp_$backend" "$n" --nnodes=2 --nproc-per-node=2 -- "$PYTHON" \
+          "$SCRIPTS/tutorial_ddp.py" --backend="$backend" --save="$TMP/$backend.pt"
+      done
+      wait_nodes
+      for n in a b; do expect_ok "ddp_$backend" "$n"; done
+      expect_same_params "ddp_$backend" 4
+      grep -q "^\[rank 0\] rank 0: saved the $backend job's parameters" "$TMP/ddp_$backend.a.out" ||
+        fail "ddp_$backend: rank 0 saved no parameters:"$'\n'"$(cat "$TMP/ddp_$backend".*.out)"
+    done
+    "$PYTHON" - "$TMP/gloo.pt" "$TMP/cohort.pt" <<'PY' || fail "the cohort job's parameters are not the gloo job's"
+import sys
+import torch
+gloo, cohort = torch.load(sys.argv[1]), torch.load(sys.argv[2])
+assert gloo.keys() == cohort.keys(), (list(gloo), list(cohort))
+ok = True
+for key, value in gloo.items():
+    same = torch.allclose(cohort[key], value, rtol=1e-5, atol=1e-6)
+    diff = (cohort[key] - value).abs().max().item()
+    print(f"{key}: cohort - gloo: max |diff| {diff:.3g}{'' if same else ' (too far)'}")
+    ok = ok and same
+sys.exit(0 if ok else 1)
+PY
+    # cohort's group bootstraps through the store torch hands it: the job's.
+    expect_keys_under /cohortrun/ddp_cohort/0///worker/attempt_0/default_pg/
+    expect_keys_only_under /cohortrun/ddp_gloo/0/ /cohortrun/ddp_cohort/0/
+    ;;
+  backend_restart)
+    for n in a b; do
+      node kill "$n" --nnodes=2 --nproc-per-node=2 --max-restarts=1 -- "$PYTHON" \
+        "$SCRIPTS/kill_first_round.py" "$SCRIPTS/tutorial_ddp.py" --backend=cohort \
+        --save="$TMP/restart.pt"
+    done
+    wait_nodes
+    for n in a b; do expect_ok kill "$n"; done
+    out=$(cat "$TMP"/kill.*.out)
+    # Each node restarts for the first failure it sees: rank 1's SIGKILL,
+    # a survivor exiting 1 after its error, or (node b) node a's report.
+    for n in a b; do
+      grep -q "restarting: .* (restart 1 of 1)" "$TMP/kill.$n.err" ||
+        fail "node $n did not restart after round 0:"$'\n'"$(cat "$TMP/kill.$n.err")"
+    done
+    killed=$(sed -n 's/^\[rank 1\] rank 1: SIGKILL after step [0-9]* at \([0-9.]*\)$/\1/p' <<<"$out")
+    if [[ -z $killed ]]; then
+      fail "rank 1 did not kill itself in round 0"
+    else
+      # The ops' timeout is the tutorial's default, 30 minutes. A survivor
+      # fails on the broken connection and prints its error; cohortrun
+      # SIGKILLs one still running 5 s (--stop-grace) after its SIGTERM, so
+      # one that printed nothing hung in its op.
+      for r in 0 2 3; do
+        failed=$(sed -n "s/^\[rank $r\] rank $r: round 0 failed at \([0-9.]*\): .*AllReduce.*/\1/p" <<<"$out")
+        if [[ -z $failed ]]; then
+          fail "rank $r printed no error naming its AllReduce in round 0"
+        elif ! within "$killed" "$failed" 10; then
+          fail "rank $r's AllReduce failed at $failed, not within 10 s of the kill at $killed"
+        fi
+      done
+      started=$(sed -n 's/^\[rank 0\] rank 0: round 1 starts at \([0-9.]*\)$/\1/p' <<<"$out")
+      [[ -n $started ]] && within "$killed" "$started" 30 ||
+        fail "round 1 did not start within 30 s of the kill at $killed (at: ${started:-never})"
+      echo "round 0's errors (rank 1 killed at $killed), and round 1's start:"
+      grep -e "round 0 failed at" -e "round 1 starts at" <<<"$out" | cut -c1-240
+    fi
+    expect_same_params kill 4
+    grep -q "^\[rank 0\] rank 0: saved the cohort job's parameters" <<<"$out" ||
+      fail "round 1's rank 0 saved no parameters of the cohort job"
+    [[ $failures == 0 ]] || echo "the job's output:"$'\n'"$out"
     ;;
   *)
     echo "unknown mode $mode"
