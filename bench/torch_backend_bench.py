@@ -27,11 +27,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import cohort_torch  # noqa: F401  (registers backend "cohort")
+from torch_ddp_bench import DIMS, GLOBAL_BATCH, model  # The same model.
 
 SIZES = [4 << 10, 256 << 10, 4 << 20, 64 << 20]
 OPS = ["all_reduce", "all_gather", "broadcast", "reduce_scatter"]
-DIMS = [64, 512, 512, 512, 16]
-GLOBAL_BATCH = 128
 
 
 def bus_factor(op, world):
@@ -75,15 +74,6 @@ def timed(fn, iters, group):
     for _ in range(iters):
         fn()
     return (time.perf_counter() - start) / iters
-
-
-def model():
-    layers = []
-    for i in range(len(DIMS) - 1):
-        layers.append(torch.nn.Linear(DIMS[i], DIMS[i + 1]))
-        if i + 2 < len(DIMS):
-            layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers)
 
 
 def ddp_step_ms(group, steps, rank, world, x, y):
