@@ -82,7 +82,8 @@ OpEngine::~OpEngine() {
   transfer_thread_.join();
 }
 
-std::shared_ptr<Work> OpEngine::Submit(CollectiveOp op, Body body) {
+std::shared_ptr<Work> OpEngine::Submit(CollectiveOp op, Body body,
+                                       bool checks_itself) {
   absl::Status valid = op.Check(shape());
   if (!valid.ok()) return Work::Done(valid);
   auto work = std::make_shared<Work>();
@@ -90,7 +91,7 @@ std::shared_ptr<Work> OpEngine::Submit(CollectiveOp op, Body body) {
   absl::MutexLock lock(&mu_);
   // Each op takes two tags: one for its body, one for CheckSameOpEverywhere.
   ops_.push_back(QueuedOp{std::move(name), next_tag_, std::move(op),
-                          std::move(body), work});
+                          std::move(body), checks_itself, work});
   next_tag_ += 2;
   return work;
 }
@@ -140,12 +141,17 @@ void OpEngine::RunOps() {
 }
 
 absl::Status OpEngine::RunOp(const QueuedOp& op) {
+  OpRun run{op.tag, absl::string_view()};
   if (options_.group.verify_ops && size_ > 1) {
-    absl::Status same = CheckSameOpEverywhere(op);
-    if (!same.ok()) return same;
+    if (op.checks_itself) {
+      run.check = op.name;
+    } else {
+      absl::Status same = CheckSameOpEverywhere(op);
+      if (!same.ok()) return same;
+    }
   }
-  if (!options_.host_memory) return op.body(op.op, op.tag);
-  return RunOnHost(op.op, op.tag, op.body);
+  if (!options_.host_memory) return op.body(op.op, run);
+  return RunOnHost(op.op, run, op.body);
 }
 
 absl::Status OpEngine::CheckSameOpEverywhere(const QueuedOp& op) {
@@ -170,7 +176,7 @@ absl::Status OpEngine::CheckSameOpEverywhere(const QueuedOp& op) {
       "the ranks issued different ops: ", absl::StrJoin(differences, ", ")));
 }
 
-absl::Status OpEngine::RunOnHost(const CollectiveOp& op, uint32_t tag,
+absl::Status OpEngine::RunOnHost(const CollectiveOp& op, const OpRun& run,
                                  const Body& body) {
   if (size_ == 1) {
     // Every collective of one rank leaves its input where its output goes;
@@ -182,17 +188,17 @@ absl::Status OpEngine::RunOnHost(const CollectiveOp& op, uint32_t tag,
     return absl::OkStatus();
   }
   if (op.empty()) return absl::OkStatus();
-  if (op.is_reduction()) return RunReductionOnHost(op, tag, body);
-  return body(op, tag);
+  if (op.is_reduction()) return RunReductionOnHost(op, run, body);
+  return body(op, run);
 }
 
-absl::Status OpEngine::RunReductionOnHost(const CollectiveOp& op, uint32_t tag,
-                                          const Body& body) {
+absl::Status OpEngine::RunReductionOnHost(const CollectiveOp& op,
+                                          const OpRun& run, const Body& body) {
   const bool receives_result = op.kind != OpKind::kReduce || rank_ == op.root;
   if (!IsHalf(op.input.dtype) && op.kind != OpKind::kReduce) {
     // The caller's own buffers, which the body reads and writes as the op
     // allows.
-    absl::Status status = body(op, tag);
+    absl::Status status = body(op, run);
     if (status.ok() && op.reduce == ReduceOp::kAvg) {
       DivideInPlace(op.output.dtype, op.output.data, op.output.count, size_);
     }
@@ -207,7 +213,7 @@ absl::Status OpEngine::RunReductionOnHost(const CollectiveOp& op, uint32_t tag,
                        op.in_place() ? size_t{0} : op.output.count);
   copy.input = input.view();
   copy.output = op.in_place() ? input.view() : output.view();
-  absl::Status status = body(copy, tag);
+  absl::Status status = body(copy, run);
   if (!status.ok() || !receives_result) return status;
   if (op.reduce == ReduceOp::kAvg) {
     DivideInPlace(copy.output.dtype, copy.output.data, copy.output.count,

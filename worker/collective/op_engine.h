@@ -7,8 +7,11 @@
 //  - the queue: collectives run on `threads` threads of their own in issue
 //    order, each with a tag from its position in that order (the same on
 //    every rank), so consecutive ops in flight never mix their messages;
-//  - verify_ops: before each collective the ranks exchange its name and
-//    fail it with INVALID_ARGUMENT naming the ranks that issued another;
+//  - verify_ops: the ranks compare each collective's name and fail it
+//    with INVALID_ARGUMENT naming the ranks that issued another, before any
+//    output is written. A body that can carry the names in its own first
+//    exchange (the shared-memory transport does) checks itself; for the
+//    others the engine exchanges the names before the body;
 //  - errors that name the op and the rank ("AllReduce SUM of 4 f32 on rank
 //    1 of 2: ..."), and the broken state: after a failure other than
 //    INVALID_ARGUMENT every later op ends with FAILED_PRECONDITION naming
@@ -87,9 +90,22 @@ class OpEngine {
         const PointToPointOp& op) = 0;
   };
 
+  // What the engine hands a body besides the op.
+  struct OpRun {
+    // The same on every rank, unique among the ops in flight; tag + 1 is
+    // the engine's.
+    uint32_t tag = 0;
+    // Set only for a body submitted as checking itself while verify_ops is
+    // on: the op's name (CollectiveOp::Name() of the op as issued), which
+    // the body must compare with every other rank's inside its first
+    // exchange, and fail with INVALID_ARGUMENT naming the ranks that issued
+    // another op before it writes any output. The engine then spends no
+    // exchange of its own on the check.
+    absl::string_view check;
+  };
+
   // An op's body: runs `op` with the group's other ranks, using messages
-  // under `tag` (the same on every rank, unique among the ops in flight;
-  // tag + 1 is the engine's), and returns OK or a status whose code follows
+  // under run.tag, and returns OK or a status whose code follows
   // process_group.h (DEADLINE_EXCEEDED, UNAVAILABLE, ...) and whose message
   // says what failed; the engine puts the op's name and rank in front.
   // Bodies run on the engine's threads and must not throw.
@@ -101,7 +117,7 @@ class OpEngine {
   // copies of f16/bf16 ones, and a Reduce's buffer is always a copy that
   // the body may use as scratch on every rank.
   using Body =
-      std::function<absl::Status(const CollectiveOp& op, uint32_t tag)>;
+      std::function<absl::Status(const CollectiveOp& op, const OpRun& run)>;
 
   // Starts options.group.threads op threads and the transfer thread.
   // REQUIRES: 0 <= rank < size, options.group.threads >= 1, and
@@ -117,7 +133,9 @@ class OpEngine {
   OpEngine& operator=(const OpEngine&) = delete;
 
   // Checks `op` and queues it to run `body`; returns its Work at once.
-  std::shared_ptr<Work> Submit(CollectiveOp op, Body body);
+  // `checks_itself`: the body verifies the op across ranks (see OpRun).
+  std::shared_ptr<Work> Submit(CollectiveOp op, Body body,
+                               bool checks_itself = false);
 
   // Checks `op` and posts it through the transport; returns its Work.
   std::shared_ptr<Work> Post(const PointToPointOp& op);
@@ -132,6 +150,7 @@ class OpEngine {
     uint32_t tag;
     CollectiveOp op;
     Body body;
+    bool checks_itself;
     std::shared_ptr<Work> work;
   };
 
@@ -150,9 +169,9 @@ class OpEngine {
   // INVALID_ARGUMENT naming the ranks that issued a different op than
   // this one in this position.
   absl::Status CheckSameOpEverywhere(const QueuedOp& op);
-  absl::Status RunOnHost(const CollectiveOp& op, uint32_t tag,
+  absl::Status RunOnHost(const CollectiveOp& op, const OpRun& run,
                          const Body& body);
-  absl::Status RunReductionOnHost(const CollectiveOp& op, uint32_t tag,
+  absl::Status RunReductionOnHost(const CollectiveOp& op, const OpRun& run,
                                   const Body& body);
   // `status` with "`name` on rank R of N: " in front of its message.
   absl::Status Where(absl::string_view name, const absl::Status& status) const;

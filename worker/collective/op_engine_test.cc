@@ -108,11 +108,14 @@ struct Recorder {
   absl::Mutex mu;
   std::vector<uint32_t> tags ABSL_GUARDED_BY(mu);
   std::vector<CollectiveOp> ops ABSL_GUARDED_BY(mu);
+  std::vector<std::string> checks ABSL_GUARDED_BY(mu);
 
   OpEngine::Body Body(absl::Status status = absl::OkStatus()) {
-    return [this, status](const CollectiveOp& op, uint32_t tag) {
+    return [this, status](const CollectiveOp& op,
+                          const OpEngine::OpRun& run) {
       absl::MutexLock lock(&mu);
-      tags.push_back(tag);
+      tags.push_back(run.tag);
+      checks.emplace_back(run.check);
       ops.push_back(op);
       return status;
     };
@@ -138,6 +141,45 @@ TEST(OpEngineTest, RunsOpsInIssueOrderWithTwoTagsEach) {
   EXPECT_THAT(recorder.tags, ElementsAre(0, 2, 4));
   absl::MutexLock log_lock(&transport.log.mu);
   EXPECT_THAT(transport.log.exchange_tags, ElementsAre(1, 3, 5));
+}
+
+TEST(OpEngineTest, ABodyThatChecksItselfGetsTheNameAndNoExchangeIsSpent) {
+  FakeTransport transport(0, 2);
+  Recorder recorder;
+  {
+    OpEngine engine(0, 2, Options(), &transport);
+    float f[3] = {1, 2, 3};
+    EXPECT_TRUE(engine
+                    .Submit(CollectiveOp::AllReduce(BufferView::Of(f, 3),
+                                                    ReduceOp::kMax),
+                            recorder.Body(), /*checks_itself=*/true)
+                    ->Wait(kWait)
+                    .ok());
+    // A body that does not check itself still gets the engine's exchange,
+    // and an empty check.
+    EXPECT_TRUE(engine.Submit(CollectiveOp::Barrier(), recorder.Body())
+                    ->Wait(kWait)
+                    .ok());
+  }
+  absl::MutexLock lock(&recorder.mu);
+  EXPECT_THAT(recorder.checks, ElementsAre("AllReduce MAX of 3 f32", ""));
+  absl::MutexLock log_lock(&transport.log.mu);
+  EXPECT_THAT(transport.log.exchange_tags, ElementsAre(3));
+}
+
+TEST(OpEngineTest, WithoutVerifyOpsABodyThatChecksItselfGetsNoName) {
+  FakeTransport transport(0, 2);
+  Recorder recorder;
+  {
+    OpEngineOptions options = Options();
+    options.group.verify_ops = false;
+    OpEngine engine(0, 2, options, &transport);
+    EXPECT_TRUE(engine.Submit(CollectiveOp::Barrier(), recorder.Body(), true)
+                    ->Wait(kWait)
+                    .ok());
+  }
+  absl::MutexLock lock(&recorder.mu);
+  EXPECT_THAT(recorder.checks, ElementsAre(""));
 }
 
 TEST(OpEngineTest, BadArgumentsNeverReachTheBody) {
@@ -225,7 +267,7 @@ TEST(OpEngineTest, WithoutVerifyOpsThereIsNoExchange) {
 // The body of a reduction with one peer holding `peer`: it writes
 // input + peer into the output (kAvg as kSum), on f32 buffers.
 OpEngine::Body AddPeer(std::vector<float> peer, Dtype* seen) {
-  return [peer, seen](const CollectiveOp& op, uint32_t) {
+  return [peer, seen](const CollectiveOp& op, const OpEngine::OpRun&) {
     *seen = op.output.dtype;
     if (op.input.dtype != Dtype::kF32 || op.output.dtype != Dtype::kF32) {
       return absl::InternalError("the body got a half buffer");
@@ -274,7 +316,7 @@ TEST(OpEngineTest, FullWidthAvgIsDividedInTheCallersBuffer) {
   EXPECT_TRUE(engine
                   .Submit(CollectiveOp::AllReduce(BufferView::Of(values, 2),
                                                   ReduceOp::kAvg),
-                          [&](const CollectiveOp& op, uint32_t) {
+                          [&](const CollectiveOp& op, const OpEngine::OpRun&) {
                             body_saw = op.output.data;
                             int32_t* v = static_cast<int32_t*>(op.output.data);
                             v[0] += 4;  // The peer's 4 and 0.
@@ -289,7 +331,7 @@ TEST(OpEngineTest, FullWidthAvgIsDividedInTheCallersBuffer) {
 
 TEST(OpEngineTest, ReduceRunsOnACopyAndOnlyTheRootGetsTheResult) {
   float mine[2] = {1, 2};
-  auto scribble = [](const CollectiveOp& op, uint32_t) {
+  auto scribble = [](const CollectiveOp& op, const OpEngine::OpRun&) {
     float* v = static_cast<float*>(op.output.data);
     v[0] = 100;
     v[1] = 200;
@@ -433,7 +475,7 @@ TEST(OpEngineTest, DestructionWaitsForTheOpsIssued) {
     OpEngine engine(0, 2, Options(/*threads=*/2), &transport);
     for (int i = 0; i < 6; ++i) {
       works.push_back(engine.Submit(CollectiveOp::Barrier(),
-                                    [&ran](const CollectiveOp&, uint32_t) {
+                                    [&ran](const CollectiveOp&, const OpEngine::OpRun&) {
                                       absl::SleepFor(absl::Milliseconds(5));
                                       ++ran;
                                       return absl::OkStatus();

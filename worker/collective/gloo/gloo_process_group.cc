@@ -1,9 +1,12 @@
 #include "worker/collective/gloo/gloo_process_group.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <mutex>
 #include <utility>
 
@@ -172,11 +175,19 @@ void IgnoreSigpipeUnlessHandled() {
   });
 }
 
-OpEngineOptions EngineOptions(const ProcessGroupOptions& group) {
-  OpEngineOptions options;
-  options.group = group;
-  options.name = "gloo process group";
-  return options;
+// This machine: its host name and the kernel's boot id (so that a
+// container's reused host name on another boot is another host), unless
+// `configured` or $COHORT_HOST_ID says otherwise.
+std::string HostId(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  if (const char* env = std::getenv("COHORT_HOST_ID"); env && *env) {
+    return env;
+  }
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return absl::StrCat(name, "/", boot);
 }
 
 }  // namespace
@@ -199,9 +210,8 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
   if (store == nullptr) {
     return absl::InvalidArgumentError("gloo process group: no store");
   }
-  GlooStore gloo_store(
-      std::make_shared<PrefixStore>(options.store_prefix, store),
-      options.group.timeout);
+  auto group_store = std::make_shared<PrefixStore>(options.store_prefix, store);
+  GlooStore gloo_store(group_store, options.group.timeout);
   gloo::transport::tcp::attr attr;
   if (!options.interface.empty()) {
     attr.iface = options.interface;
@@ -209,9 +219,9 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
     attr.hostname = options.bind_address;
   }
   std::shared_ptr<gloo::rendezvous::Context> context;
+  std::shared_ptr<gloo::transport::Device> device;
   try {
-    std::shared_ptr<gloo::transport::Device> device =
-        gloo::transport::tcp::CreateDevice(attr);
+    device = gloo::transport::tcp::CreateDevice(attr);
     context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(ToMillis(options.group.timeout));
     context->connectFullMesh(gloo_store, device);
@@ -227,20 +237,101 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
     }
     return absl::UnavailableError(absl::StrCat(where, e.what()));
   }
-  return std::unique_ptr<GlooProcessGroup>(new GlooProcessGroup(
-      std::move(store), rank, size, options, std::move(context)));
+  absl::StatusOr<Locality> locality =
+      FindLocality(group_store, rank, size, options, device);
+  if (!locality.ok()) return locality.status();
+  return std::unique_ptr<GlooProcessGroup>(
+      new GlooProcessGroup(std::move(store), rank, size, options,
+                           std::move(context), std::move(*locality)));
+}
+
+absl::StatusOr<GlooProcessGroup::Locality> GlooProcessGroup::FindLocality(
+    const std::shared_ptr<Store>& store, int rank, int size,
+    const GlooOptions& options,
+    std::shared_ptr<gloo::transport::Device> device) {
+  Locality locality;
+  if (!options.shared_memory || size == 1) return locality;
+  const std::string where =
+      absl::StrCat("gloo process group '", options.store_prefix, "': rank ",
+                   rank, " of ", size, ": ");
+  auto failed = [&](absl::string_view what, const absl::Status& status) {
+    return absl::Status(status.code(),
+                        absl::StrCat(where, what, status.message()));
+  };
+  const std::string host = HostId(options.host_id);
+  absl::Status published = store->Set(absl::StrCat("host/", rank), host);
+  if (!published.ok()) return failed("publishing its host: ", published);
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(absl::StrCat("host/", r));
+  absl::StatusOr<std::vector<std::string>> hosts =
+      store->MultiGet(keys, options.group.timeout);
+  if (!hosts.ok()) {
+    return failed("waiting for every rank's host (keys host/RANK): ",
+                  hosts.status());
+  }
+  std::vector<int> local;    // The ranks on this host, in order.
+  std::vector<int> leaders;  // Each host's first rank, in order.
+  for (int r = 0; r < size; ++r) {
+    if ((*hosts)[r] == host) local.push_back(r);
+    if (std::find(hosts->begin(), hosts->begin() + r, (*hosts)[r]) ==
+        hosts->begin() + r) {
+      leaders.push_back(r);
+    }
+  }
+  locality.whole_group = local.size() == static_cast<size_t>(size);
+  locality.hierarchical = !locality.whole_group && leaders.size() <
+                                                       static_cast<size_t>(size);
+  if (local.size() > 1) {
+    ShmGroupOptions shm;
+    shm.timeout = options.group.timeout;
+    shm.slot_bytes = options.shm_slot_bytes;
+    shm.group_ranks = local;
+    const int local_rank = static_cast<int>(
+        std::find(local.begin(), local.end(), rank) - local.begin());
+    absl::StatusOr<std::unique_ptr<ShmGroup>> group =
+        ShmGroup::Create(*store, absl::StrCat("shm/", local[0]), local_rank,
+                         static_cast<int>(local.size()), shm);
+    if (!group.ok()) {
+      return failed(absl::StrCat("shared memory with ranks ",
+                                 absl::StrJoin(local, ", "), " of host '",
+                                 host, "': "),
+                    group.status());
+    }
+    locality.shm = std::move(*group);
+  }
+  const auto leader = std::find(leaders.begin(), leaders.end(), rank);
+  if (locality.hierarchical && leader != leaders.end()) {
+    GlooStore leader_store(std::make_shared<PrefixStore>("leaders", store),
+                           options.group.timeout);
+    try {
+      auto context = std::make_shared<gloo::rendezvous::Context>(
+          static_cast<int>(leader - leaders.begin()),
+          static_cast<int>(leaders.size()));
+      context->setTimeout(ToMillis(options.group.timeout));
+      context->connectFullMesh(leader_store, device);
+      locality.leaders = std::move(context);
+    } catch (const std::exception& e) {
+      absl::Status error = leader_store.TakeError();
+      return failed("connecting to the other hosts' leaders: ",
+                    error.ok() ? absl::UnavailableError(e.what()) : error);
+    }
+  }
+  return locality;
 }
 
 GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank,
                                    int size, const GlooOptions& options,
-                                   std::shared_ptr<gloo::Context> context)
+                                   std::shared_ptr<gloo::Context> context,
+                                   Locality locality)
     : store_(std::move(store)),
       rank_(rank),
       size_(size),
       options_(options),
       context_(std::move(context)),
       transport_(new GlooTransport(context_, options_.group.timeout)),
-      engine_(rank, size, EngineOptions(options_.group), transport_.get()) {}
+      locality_(std::move(locality)),
+      engine_(rank, size, EngineOptions(options_.group, locality_),
+              transport_.get()) {}
 
 absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::CreateChild(
     absl::string_view suffix, int rank, int size) {
@@ -310,11 +401,63 @@ std::chrono::milliseconds GlooProcessGroup::timeout() const {
   return ToMillis(options_.group.timeout);
 }
 
+OpEngineOptions GlooProcessGroup::EngineOptions(
+    const ProcessGroupOptions& group, const Locality& locality) {
+  OpEngineOptions options;
+  options.group = group;
+  options.name = "gloo process group";
+  // Shared-memory ops run one at a time, in issue order on every rank.
+  if (locality.shm != nullptr || locality.hierarchical) {
+    options.group.threads = 1;
+  }
+  return options;
+}
+
+absl::Status GlooProcessGroup::HierarchicalAllReduce(const CollectiveOp& op,
+                                                     uint32_t tag) {
+  const BufferView& b = op.output;
+  if (locality_.shm != nullptr) {
+    absl::Status local = locality_.shm->ReduceToLeader(b, op.reduce, "");
+    if (!local.ok()) return local;
+  }
+  absl::Status across;
+  if (locality_.leaders != nullptr) {
+    gloo::Context& leaders = *locality_.leaders;
+    across = GlooCall(options_.group.timeout, [&] {
+      if (b.bytes() * (leaders.size - 1) <= kDirectMaxWireBytes) {
+        DirectAllReduce(leaders, b.data, b.count, b.dtype, op.reduce, tag,
+                        timeout());
+      } else {
+        RingAllReduce(leaders, b.data, b.count, b.dtype, op.reduce, tag,
+                      timeout());
+      }
+    });
+  }
+  if (locality_.shm == nullptr) return across;
+  return locality_.shm->BroadcastFromLeader(b, across);
+}
+
 std::shared_ptr<Work> GlooProcessGroup::Submit(CollectiveOp op, Body body) {
+  if (locality_.whole_group && locality_.shm != nullptr) {
+    return engine_.Submit(
+        std::move(op),
+        [this](const CollectiveOp& op, const OpEngine::OpRun& run) {
+          return locality_.shm->Run(op, run.check);
+        },
+        /*checks_itself=*/true);
+  }
+  if (locality_.hierarchical && op.kind == OpKind::kAllReduce) {
+    return engine_.Submit(
+        std::move(op),
+        [this](const CollectiveOp& op, const OpEngine::OpRun& run) {
+          return HierarchicalAllReduce(op, run.tag);
+        });
+  }
   return engine_.Submit(
       std::move(op),
-      [this, body = std::move(body)](const CollectiveOp& op, uint32_t tag) {
-        return GlooCall(options_.group.timeout, [&] { body(op, tag); });
+      [this, body = std::move(body)](const CollectiveOp& op,
+                                     const OpEngine::OpRun& run) {
+        return GlooCall(options_.group.timeout, [&] { body(op, run.tag); });
       });
 }
 

@@ -8,6 +8,17 @@
 // broken state; this class supplies the op bodies (gloo's collectives and
 // gloo_ring.h's algorithms) and gloo's point-to-point buffers.
 //
+// Shared memory. At creation the ranks publish their host ids in the store.
+// Ranks that share a host (and shared_memory is on) map one segment:
+//  - a group on one host runs every collective over it, one op at a time in
+//    issue order (they are bound by memory bandwidth, so running two at once
+//    would only split it), and verify_ops costs no exchange: the check rides
+//    in the segment (OpEngine::OpRun);
+//  - a group over several hosts runs AllReduce hierarchically: a reduce to
+//    each host's first rank over shared memory, an all-reduce among those
+//    leaders over TCP, and a broadcast from the leader over shared memory.
+//    Its other collectives use TCP, and verify_ops an exchange over TCP.
+//
 // Reductions use reduce.h's kernels. The engine widens f16 and bf16 buffers
 // to f32 for the whole collective and rounds once at the end, so the result
 // does not depend on the order in which the algorithm combined the ranks;
@@ -30,9 +41,11 @@
 #include "absl/types/span.h"
 #include "client/store.h"
 #include "gloo/context.h"
+#include "gloo/transport/device.h"
 #include "worker/collective/collective_op.h"
 #include "worker/collective/op_engine.h"
 #include "worker/collective/process_group.h"
+#include "worker/collective/shm/shm_group.h"
 
 namespace cohort {
 
@@ -48,6 +61,17 @@ struct GlooOptions {
   // A network interface ("eth0") whose address to use instead; overrides
   // bind_address when set.
   std::string interface;
+  // Collectives among ranks of one host run over shared memory
+  // (shm/shm_group.h) instead of loopback TCP: all of them when the whole
+  // group is on one host, and AllReduce hierarchically otherwise (see the
+  // class comment). Send and Recv always use TCP.
+  bool shared_memory = true;
+  // Ranks with the same host id share memory. Empty: $COHORT_HOST_ID if
+  // set, else the host name and the kernel's boot id. Tests set it to
+  // simulate several hosts on one machine.
+  std::string host_id;
+  // ShmGroupOptions::slot_bytes.
+  size_t shm_slot_bytes = size_t{1} << 20;
 };
 
 class GlooProcessGroup final : public ProcessGroup {
@@ -113,9 +137,33 @@ class GlooProcessGroup final : public ProcessGroup {
   // into a status).
   using Body = std::function<void(const CollectiveOp& op, uint32_t tag)>;
 
+  // Which ranks share memory with this one, and how ops use it.
+  struct Locality {
+    std::unique_ptr<ShmGroup> shm;  // Null: no same-host peer (or off).
+    bool whole_group = false;       // Every rank of the group is local.
+    // Several hosts, and at least one has several ranks: AllReduce is
+    // hierarchical.
+    bool hierarchical = false;
+    // With several hosts: this host's leader's context among the leaders
+    // (null on other ranks, and when there is one host).
+    std::shared_ptr<gloo::Context> leaders;
+  };
+
   GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                    const GlooOptions& options,
-                   std::shared_ptr<gloo::Context> context);
+                   std::shared_ptr<gloo::Context> context, Locality locality);
+
+  // Publishes this rank's host id under `store` (the group's prefix) and
+  // sets up shared memory with the ranks of the same host.
+  static absl::StatusOr<Locality> FindLocality(
+      const std::shared_ptr<Store>& store, int rank, int size,
+      const GlooOptions& options,
+      std::shared_ptr<gloo::transport::Device> device);
+  static OpEngineOptions EngineOptions(const ProcessGroupOptions& group,
+                                       const Locality& locality);
+
+  // The hierarchical AllReduce body (see the class comment).
+  absl::Status HierarchicalAllReduce(const CollectiveOp& op, uint32_t tag);
 
   // Creates the group of `rank` of `size` under this group's prefix
   // extended by `suffix`.
@@ -140,6 +188,7 @@ class GlooProcessGroup final : public ProcessGroup {
   const GlooOptions options_;
   const std::shared_ptr<gloo::Context> context_;
   const std::unique_ptr<OpEngine::Transport> transport_;
+  const Locality locality_;
 
   absl::Mutex mu_;
   // Groups made so far by NewGroup, per rank list, and by Split: they make

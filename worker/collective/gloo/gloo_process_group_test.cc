@@ -53,12 +53,33 @@ class Cohortd {
   static inline testing::CohortdProcess* server_ = nullptr;
 };
 
+// How the ranks of a test reach each other.
+enum class Transport {
+  kTcp,       // Loopback TCP only (shared_memory off).
+  kShm,       // One host: every collective over shared memory.
+  kTwoHosts,  // Even and odd ranks on two simulated hosts: AllReduce
+              // hierarchical (shared memory, then TCP among the leaders).
+};
+
+std::string TransportName(Transport t) {
+  switch (t) {
+    case Transport::kTcp:
+      return "Tcp";
+    case Transport::kShm:
+      return "Shm";
+    case Transport::kTwoHosts:
+      return "TwoHosts";
+  }
+  return "?";
+}
+
 // What a rank's main function gets.
 struct Rank {
   int rank;
   int world;
   std::string prefix;  // Unique to this RunRanks call.
   std::shared_ptr<Store> store;
+  Transport transport = Transport::kShm;
 
   absl::StatusOr<std::unique_ptr<GlooProcessGroup>> NewGroup(
       absl::Duration timeout = absl::Seconds(20), int threads = 2,
@@ -69,6 +90,12 @@ struct Rank {
     options.group.verify_ops = verify_ops;
     options.store_prefix = prefix;
     options.bind_address = "127.0.0.1";
+    options.shared_memory = transport != Transport::kTcp;
+    // Small slots, so that the tests' buffers take many rounds.
+    options.shm_slot_bytes = 8192;
+    options.host_id = transport == Transport::kTwoHosts
+                          ? absl::StrCat("host", rank % 2)
+                          : "one host";
     return GlooProcessGroup::Create(store, rank, world, options);
   }
 };
@@ -77,7 +104,8 @@ using RankMain = std::function<absl::Status(const Rank&)>;
 
 // Forks `processes` ranks of a group of `world` and expects every one to
 // return OK within 60 s. A failing rank prints why on stderr.
-void RunRanks(int world, int processes, const RankMain& main) {
+void RunRanks(int world, int processes, const RankMain& main,
+              Transport transport = Transport::kShm) {
   static int groups = 0;
   const std::string prefix = absl::StrCat(
       ::testing::UnitTest::GetInstance()->current_test_info()->name(), "/",
@@ -91,7 +119,7 @@ void RunRanks(int world, int processes, const RankMain& main) {
         absl::StatusOr<std::unique_ptr<RemoteStore>> remote =
             RemoteStore::Connect({.address = Cohortd::address()});
         if (!remote.ok()) return remote.status();
-        return main(Rank{rank, world, prefix, std::move(*remote)});
+        return main(Rank{rank, world, prefix, std::move(*remote), transport});
       }();
       if (!status.ok()) {
         std::fprintf(stderr, "rank %d of %d failed: %s\n", rank, world,
@@ -415,24 +443,44 @@ class CohortdTest : public ::testing::Test {
   static void TearDownTestSuite() { Cohortd::Stop(); }
 };
 
-// Parameters: the world size, and whether the ranks verify each op.
-class CollectivesTest
-    : public CohortdTest,
-      public ::testing::WithParamInterface<std::tuple<int, bool>> {};
+// Parameters: the world size, whether the ranks verify each op, and the
+// transport.
+class CollectivesTest : public CohortdTest,
+                        public ::testing::WithParamInterface<
+                            std::tuple<int, bool, Transport>> {};
 
 TEST_P(CollectivesTest, MatchTheReferenceForEveryDtypeAndOp) {
-  const auto [world, verify_ops] = GetParam();
-  RunRanks(world, world, [verify = verify_ops](const Rank& r) {
-    return CheckCollectives(r, verify);
-  });
+  const auto [world, verify_ops, transport] = GetParam();
+  RunRanks(
+      world, world,
+      [verify = verify_ops](const Rank& r) {
+        return CheckCollectives(r, verify);
+      },
+      transport);
 }
 
-INSTANTIATE_TEST_SUITE_P(World, CollectivesTest,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
-                                            ::testing::Bool()));
+INSTANTIATE_TEST_SUITE_P(
+    World, CollectivesTest,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool(),
+                       ::testing::Values(Transport::kTcp, Transport::kShm,
+                                         Transport::kTwoHosts)),
+    [](const auto& info) {
+      return absl::StrCat(std::get<0>(info.param), "ranks_",
+                          std::get<1>(info.param) ? "verified_" : "unverified_",
+                          TransportName(std::get<2>(info.param)));
+    });
+
+// The tests below run on every transport.
+class TransportTest : public CohortdTest,
+                      public ::testing::WithParamInterface<Transport> {};
+
+INSTANTIATE_TEST_SUITE_P(
+    Transports, TransportTest,
+    ::testing::Values(Transport::kTcp, Transport::kShm, Transport::kTwoHosts),
+    [](const auto& info) { return TransportName(info.param); });
 
 // Buffers past gloo's 1 MiB segment and many ops in flight at once.
-TEST_F(CohortdTest, LargeBuffersWithManyOpsInFlight) {
+TEST_P(TransportTest, LargeBuffersWithManyOpsInFlight) {
   RunRanks(3, 3, [](const Rank& r) -> absl::Status {
     absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group = r.NewGroup();
     if (!group.ok()) return group.status();
@@ -478,7 +526,7 @@ TEST_F(CohortdTest, LargeBuffersWithManyOpsInFlight) {
       }
     }
     return absl::OkStatus();
-  });
+  }, GetParam());
 }
 
 TEST_F(CohortdTest, SendRecvRingMatchesByTag) {
@@ -526,14 +574,15 @@ TEST_F(CohortdTest, MissingRankTimesOutAtCreation) {
   });
 }
 
-TEST_F(CohortdTest, PeerThatSkipsAnOpTimesOutAndBreaksTheGroup) {
+TEST_P(TransportTest, PeerThatSkipsAnOpTimesOutAndBreaksTheGroup) {
   RunRanks(2, 2, [](const Rank& r) -> absl::Status {
     absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
         r.NewGroup(absl::Seconds(1));
     if (!group.ok()) return group.status();
     if (r.rank == 1) {
       // Stays connected but never joins the AllReduce.
-      return r.store->Get("rank0_done", absl::Seconds(20)).status();
+      return r.store->Get(r.prefix + "/rank0_done", absl::Seconds(20))
+          .status();
     }
     float value = 1;
     absl::Status status =
@@ -541,7 +590,7 @@ TEST_F(CohortdTest, PeerThatSkipsAnOpTimesOutAndBreaksTheGroup) {
             ->AllReduce(BufferView::Of(&value, 1), ReduceOp::kSum)
             ->Wait(kWait);
     absl::Status after = (*group)->Barrier()->Wait(kWait);
-    RETURN_IF_ERROR(r.store->Set("rank0_done", "1"));
+    RETURN_IF_ERROR(r.store->Set(r.prefix + "/rank0_done", "1"));
     if (status.code() != absl::StatusCode::kDeadlineExceeded ||
         !absl::StrContains(status.message(), "AllReduce")) {
       return absl::InternalError(absl::StrCat(
@@ -554,7 +603,7 @@ TEST_F(CohortdTest, PeerThatSkipsAnOpTimesOutAndBreaksTheGroup) {
     }
     std::fprintf(stderr, "as expected: %s\n", status.ToString().c_str());
     return absl::OkStatus();
-  });
+  }, GetParam());
 }
 
 absl::Status ExpectSum(ProcessGroup& pg, int32_t value, int32_t want,
@@ -605,7 +654,7 @@ TEST_F(CohortdTest, SubgroupsHaveTheirOwnRanks) {
   });
 }
 
-TEST_F(CohortdTest, DeadPeerFailsTheOpInsteadOfHanging) {
+TEST_P(TransportTest, DeadPeerFailsTheOpInsteadOfHanging) {
   RunRanks(2, 2, [](const Rank& r) -> absl::Status {
     absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
         r.NewGroup(absl::Seconds(3));
@@ -629,10 +678,10 @@ TEST_F(CohortdTest, DeadPeerFailsTheOpInsteadOfHanging) {
     }
     std::fprintf(stderr, "as expected: %s\n", status.ToString().c_str());
     return absl::OkStatus();
-  });
+  }, GetParam());
 }
 
-TEST_F(CohortdTest, RanksThatDisagreeGetInvalidArgument) {
+TEST_P(TransportTest, RanksThatDisagreeGetInvalidArgument) {
   RunRanks(3, 3, [](const Rank& r) -> absl::Status {
     absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group = r.NewGroup();
     if (!group.ok()) return group.status();
@@ -657,7 +706,7 @@ TEST_F(CohortdTest, RanksThatDisagreeGetInvalidArgument) {
     // The group stays usable: the disagreement was found before any data
     // moved, on every rank at once.
     return ExpectSum(**group, 1, 3, "after the mismatch");
-  });
+  }, GetParam());
 }
 
 // Argument checks need no peers: a group of one, in process.
