@@ -1,6 +1,6 @@
 // collectives_bench: GlooProcessGroup's collectives under the load of
 // ../shared/bench/torch_gloo_bench.py, printed in the same fields (with
-// "cohort-gloo" for "torch-gloo") so the two can be read side by side. It
+// "cohort-TRANSPORT" for "torch-gloo") so the two can be read side by side. It
 // prints figures and asserts no timing.
 //
 // --world ranks are forked processes on this machine that find each other
@@ -40,6 +40,7 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -59,6 +60,12 @@ ABSL_FLAG(bool, verify_ops, true,
           "ProcessGroupOptions::verify_ops: ranks compare each collective "
           "before running it (a round trip per call; the group's default)");
 ABSL_FLAG(int, threads, 2, "ProcessGroupOptions::threads");
+ABSL_FLAG(std::string, transport, "shm",
+          "shm: ranks of this host over shared memory (GlooOptions's "
+          "default); tcp: loopback TCP only, as torch-gloo; hosts:N: the "
+          "ranks spread over N simulated hosts (rank % N), AllReduce "
+          "hierarchical");
+ABSL_FLAG(int64_t, shm_slot_bytes, 1 << 20, "GlooOptions::shm_slot_bytes");
 
 namespace cohort::bench {
 namespace {
@@ -69,7 +76,11 @@ struct Config {
   std::vector<size_t> sizes;
   bool verify_ops;
   int threads;
+  bool shared_memory;
+  int hosts;  // Simulated hosts; 1: the real one.
+  size_t shm_slot_bytes;
   std::string store_path;
+  std::string label;  // "cohort-shm", "cohort-tcp", "cohort-hosts:2".
 };
 
 double BusFactor(const std::string& op, int world) {
@@ -154,14 +165,17 @@ absl::Status RunRank(const Config& config, int rank) {
   options.group.timeout = absl::Seconds(120);
   options.bind_address = "127.0.0.1";
   options.store_prefix = "collectives_bench";
+  options.shared_memory = config.shared_memory;
+  options.shm_slot_bytes = config.shm_slot_bytes;
+  if (config.hosts > 1) options.host_id = absl::StrCat("host", rank % config.hosts);
   const absl::Time init_start = absl::Now();
   absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
       GlooProcessGroup::Create(std::move(*store), rank, config.world, options);
   if (!group.ok()) return group.status();
   const absl::Duration init = absl::Now() - init_start;
   if (rank == 0) {
-    std::printf("cohort-gloo init_process_group world=%d %.1f ms\n",
-                config.world, absl::ToDoubleMilliseconds(init));
+    std::printf("%s init_process_group world=%d %.1f ms\n",
+                config.label.c_str(), config.world, absl::ToDoubleMilliseconds(init));
     std::fflush(stdout);
   }
   for (const std::string& op : config.ops) {
@@ -182,9 +196,9 @@ absl::Status RunRank(const Config& config, int rank) {
       const double algbw = bytes / seconds / 1e9;
       if (rank == 0) {
         std::printf(
-            "cohort-gloo %-10s world=%d bytes=%9zu time_us=%10.1f "
+            "%s %-10s world=%d bytes=%9zu time_us=%10.1f "
             "algbw_GBps=%7.3f busbw_GBps=%7.3f\n",
-            op.c_str(), config.world, bytes, seconds * 1e6, algbw,
+            config.label.c_str(), op.c_str(), config.world, bytes, seconds * 1e6, algbw,
             algbw * BusFactor(op, config.world));
         std::fflush(stdout);
       }
@@ -198,6 +212,18 @@ absl::StatusOr<Config> ParseConfig() {
   config.world = absl::GetFlag(FLAGS_world);
   config.verify_ops = absl::GetFlag(FLAGS_verify_ops);
   config.threads = absl::GetFlag(FLAGS_threads);
+  config.shm_slot_bytes = absl::GetFlag(FLAGS_shm_slot_bytes);
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  config.shared_memory = transport != "tcp";
+  config.label = absl::StrCat("cohort-", transport);
+  config.hosts = 1;
+  if (transport != "tcp" && transport != "shm" &&
+      !(absl::StartsWith(transport, "hosts:") &&
+        absl::SimpleAtoi(transport.substr(6), &config.hosts) &&
+        config.hosts >= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--transport=", transport, ": use shm, tcp or hosts:N (N >= 1)"));
+  }
   if (config.world < 1) {
     return absl::InvalidArgumentError("--world must be at least 1");
   }
