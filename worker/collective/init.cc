@@ -198,6 +198,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
   gloo.group = options.group;
   gloo.bind_address = options.bind_address;
   gloo.interface = options.interface;
+  gloo.shared_memory = options.shared_memory;
+  gloo.host_id = options.host_id;
   gloo.store_prefix = absl::StrCat("pg/", generation);
   absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
       GlooProcessGroup::Create(store, r->rank, r->world_size, gloo);

@@ -28,6 +28,10 @@ struct InitOptions {
   // Where this rank listens for its peers (see GlooOptions).
   std::string bind_address;
   std::string interface;
+  // Whether ranks of one host share memory, and which host this is (see
+  // GlooOptions; the environment's COHORT_HOST_ID when empty).
+  bool shared_memory = true;
+  std::string host_id;
 };
 
 // Creates this rank's process group of `backend` ("gloo") and connects it

@@ -197,6 +197,11 @@ c10::intrusive_ptr<ProcessGroupCohort> ProcessGroupCohort::Create(
   if (const char* verify = std::getenv("COHORT_VERIFY_OPS")) {
     options.group.verify_ops = std::string(verify) != "0";
   }
+  // Ranks of one host share memory unless COHORT_SHARED_MEMORY=0;
+  // COHORT_HOST_ID (read by GlooProcessGroup) says which host a rank is on.
+  if (const char* shm = std::getenv("COHORT_SHARED_MEMORY")) {
+    options.shared_memory = std::string(shm) != "0";
+  }
   auto adapter = std::make_shared<TorchStore>(store);
   adapter->SetTimeout(options.group.timeout);
   absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
