@@ -49,6 +49,7 @@ tsan_targets=(
   //worker/collective:op_engine_test
   //worker/collective/gloo:gloo_process_group_test
   //worker/collective/gloo:gloo_store_test
+  //worker/collective/shm:shm_group_test
   //worker/parallel:ddp_test
   //worker/parallel:fsdp_test
 )
