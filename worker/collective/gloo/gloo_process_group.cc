@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
@@ -291,6 +292,18 @@ absl::StatusOr<GlooProcessGroup::Locality> GlooProcessGroup::FindLocality(
     absl::StatusOr<std::unique_ptr<ShmGroup>> group =
         ShmGroup::Create(*store, absl::StrCat("shm/", local[0]), local_rank,
                          static_cast<int>(local.size()), shm);
+    if (!group.ok() && locality.whole_group &&
+        ShmGroup::IsSetupFailure(group.status())) {
+      // Every rank of the group learnt it alike: all stay on TCP.
+      if (rank == 0) {
+        std::fprintf(stderr,
+                     "cohort: gloo process group '%s': no shared memory, "
+                     "using loopback TCP: %s\n",
+                     options.store_prefix.c_str(),
+                     std::string(group.status().message()).c_str());
+      }
+      return locality;
+    }
     if (!group.ok()) {
       return failed(absl::StrCat("shared memory with ranks ",
                                  absl::StrJoin(local, ", "), " of host '",

@@ -617,6 +617,23 @@ absl::Status ExpectSum(ProcessGroup& pg, int32_t value, int32_t want,
   return absl::OkStatus();
 }
 
+// A host whose /dev/shm cannot hold the segment (here: slots of 1 TiB)
+// keeps the group working over loopback TCP, on every rank alike.
+TEST_F(CohortdTest, NoRoomInDevShmFallsBackToTcp) {
+  RunRanks(2, 2, [](const Rank& r) -> absl::Status {
+    GlooOptions options;
+    options.group.timeout = absl::Seconds(20);
+    options.store_prefix = r.prefix;
+    options.bind_address = "127.0.0.1";
+    options.shm_slot_bytes = size_t{1} << 40;
+    absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
+        GlooProcessGroup::Create(r.store, r.rank, r.world, options);
+    if (!group.ok()) return group.status();
+    return ExpectSum(**group, 1, 2, "over the fallback");
+  });
+}
+
+
 TEST_F(CohortdTest, SubgroupsHaveTheirOwnRanks) {
   RunRanks(4, 4, [](const Rank& r) -> absl::Status {
     absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =

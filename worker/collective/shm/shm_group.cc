@@ -20,6 +20,7 @@
 #include <random>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -37,6 +38,13 @@ constexpr size_t kCheckBytes = 128;
 constexpr absl::Duration kSlice = absl::Milliseconds(20);
 constexpr absl::Duration kStaleAge = absl::Minutes(1);
 constexpr char kNamePrefix[] = "cohort.";
+constexpr char kSetupFailure[] = "cohort.dev/shm-setup-failure";
+
+absl::Status SetupFailure(std::string why) {
+  absl::Status status = absl::UnavailableError(std::move(why));
+  status.SetPayload(kSetupFailure, absl::Cord("1"));
+  return status;
+}
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -206,7 +214,7 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(
                          "segment for ",
                          size, " ranks: ", why);
       store.Set(key, absl::StrCat("!", why)).IgnoreError();
-      return absl::UnavailableError(why);
+      return SetupFailure(why);
     };
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) return fail(absl::StrCat("shm_open(", name, "): ", strerror(errno)));
@@ -273,9 +281,7 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(
                      "segment: ",
                      value.status().message()));
   }
-  if (absl::StartsWith(*value, "!")) {
-    return absl::UnavailableError(value->substr(1));
-  }
+  if (absl::StartsWith(*value, "!")) return SetupFailure(value->substr(1));
   name = *value;
   fd = shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) {
@@ -326,6 +332,10 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(
     }
     FutexWait(&h.attached, seen, std::min(left, kSlice));
   }
+}
+
+bool ShmGroup::IsSetupFailure(const absl::Status& status) {
+  return status.GetPayload(kSetupFailure).has_value();
 }
 
 int ShmGroup::RemoveStaleSegments() {

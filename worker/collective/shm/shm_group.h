@@ -110,6 +110,11 @@ class ShmGroup {
   // UNAVAILABLE quoting it within a slice. Later ops fail at once.
   void Fail(const absl::Status& status);
 
+  // Whether `status` (from Create) says the segment could not be set up on
+  // this host at all (no /dev/shm, full, not permitted), as all local ranks
+  // learn alike: they may then fall back to another transport together.
+  static bool IsSetupFailure(const absl::Status& status);
+
   // Removes /dev/shm/cohort.<pid>.* names whose creator no longer exists
   // and that are older than a minute; returns how many.
   static int RemoveStaleSegments();
