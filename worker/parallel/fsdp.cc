@@ -121,6 +121,7 @@ struct Fsdp::State {
   size_t optimizer_bytes = 0;
   size_t scratch_param_bytes = 0;  // LoadFromRank0's broadcast buffer.
   size_t peak_bytes = 0;
+  size_t peak_gathered_param_bytes = 0;
   uint64_t bytes_communicated = 0;
   absl::Status first_error;  // Of the first failed collective.
 
@@ -143,6 +144,7 @@ struct Fsdp::State {
     m.gathered_param_bytes += scratch_param_bytes;
     m.optimizer_bytes = optimizer_bytes;
     m.peak_bytes = peak_bytes;
+    m.peak_gathered_param_bytes = peak_gathered_param_bytes;
     return m;
   }
 
@@ -151,6 +153,8 @@ struct Fsdp::State {
     peak_bytes =
         std::max(peak_bytes, m.persistent_bytes() + m.gathered_param_bytes +
                                  m.gathered_grad_bytes);
+    peak_gathered_param_bytes =
+        std::max(peak_gathered_param_bytes, m.gathered_param_bytes);
   }
 
   absl::Status Usable() const {
@@ -227,13 +231,17 @@ struct Fsdp::State {
     return absl::OkStatus();
   }
 
-  void Prefetch(int u) {
-    if (!options.prefetch || !sharded() || u < 0 ||
-        u >= static_cast<int>(units.size())) {
-      return;
+  // Starts gathering the prefetch_depth units after `u` in the direction
+  // `step` (+1 forward, -1 backward) that are neither gathered nor in
+  // flight, nearest first, so that every rank issues them in one order.
+  void Prefetch(int u, int step) {
+    if (!sharded()) return;
+    for (int k = 1; k <= options.prefetch_depth; ++k) {
+      const int next = u + k * step;
+      if (next < 0 || next >= static_cast<int>(units.size())) return;
+      if (units[next].gathered || units[next].gather != nullptr) continue;
+      StartGather(next);
     }
-    if (units[u].gathered || units[u].gather != nullptr) return;
-    StartGather(u);
   }
 
   void FreeFull(int u) {
@@ -296,6 +304,11 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(
   if (units.empty()) {
     return absl::InvalidArgumentError(
         "Fsdp::Create: no units; pass at least one unit of parameters");
+  }
+  if (options.prefetch_depth < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Fsdp::Create: prefetch_depth is ", options.prefetch_depth,
+                     "; use 0 (no prefetch) or more units"));
   }
   auto state = std::make_unique<State>();
   state->group = std::move(group);
@@ -435,7 +448,7 @@ absl::Status Fsdp::BeginForward(int unit) {
         " first"));
   }
   if (absl::Status st = s.EnsureGathered(unit); !st.ok()) return st;
-  s.Prefetch(unit + 1);
+  s.Prefetch(unit, +1);
   u.phase = Phase::kForward;
   u.open = true;
   return absl::OkStatus();
@@ -476,7 +489,7 @@ absl::Status Fsdp::BeginBackward(int unit) {
         " first"));
   }
   if (absl::Status st = s.EnsureGathered(unit); !st.ok()) return st;
-  s.Prefetch(unit - 1);
+  s.Prefetch(unit, -1);
   u.grad = std::make_unique<std::vector<float>>(u.padded, 0.0f);
   s.UpdatePeak();
   u.phase = Phase::kBackward;
@@ -652,6 +665,10 @@ absl::StatusOr<std::vector<float>> Fsdp::GatherFullParams(int unit) {
 }
 
 FsdpMemory Fsdp::memory() const { return state_->Memory(); }
+
+size_t Fsdp::peak_gathered_bytes() const {
+  return state_->peak_gathered_param_bytes;
+}
 
 uint64_t Fsdp::bytes_communicated() const { return state_->bytes_communicated; }
 

@@ -10,12 +10,12 @@
 //   fsdp->LoadFromRank0(initial_values);                 // shards from rank 0
 //   for (step...) {
 //     for (u = 0 .. units-1) {                          // forward
-//       fsdp->BeginForward(u);    // all_gathers unit u (and prefetches u+1)
+//       fsdp->BeginForward(u);    // all_gathers unit u (prefetches u+1...)
 //       Compute(fsdp->param(u, 0), fsdp->param(u, 1), ...);
 //       fsdp->EndForward(u);      // FULL_SHARD frees unit u's full params
 //     }
 //     for (u = units-1 .. 0) {                          // backward
-//       fsdp->BeginBackward(u);   // gathers again if freed (prefetches u-1)
+//       fsdp->BeginBackward(u);   // gathers again if freed (prefetches u-1...)
 //       Gradients(fsdp->param(u, i), fsdp->grad(u, i));  // add into grad
 //       fsdp->EndBackward(u);     // reduce_scatter(AVG) into the grad shard
 //     }
@@ -65,9 +65,17 @@ absl::string_view ShardingStrategyName(ShardingStrategy strategy);
 
 struct FsdpOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
-  // Start gathering the next unit (u+1 in forward, u-1 in backward) while
-  // the current one computes.
-  bool prefetch = true;
+  // How many units ahead to gather while the current one computes: at
+  // BeginForward(u), units u+1 .. u+prefetch_depth; at BeginBackward(u),
+  // units u-1 .. u-prefetch_depth (those not already gathered or in
+  // flight). 0 gathers each unit only when its Begin* needs it; 1 overlaps
+  // one unit's gather with the current unit's compute; more keep more
+  // gathers in flight, so a slow gather hides behind several units of
+  // compute, at the cost of memory: under FULL_SHARD up to prefetch_depth
+  // + 1 units' full parameters are held at once (peak_gathered_bytes()).
+  // Which units are gathered depends only on the calls, never on timing,
+  // so every rank issues the same collectives. INVALID_ARGUMENT if < 0.
+  int prefetch_depth = 1;
 };
 
 // Bytes this rank holds, by kind. The persistent part (shards, or full
@@ -80,6 +88,8 @@ struct FsdpMemory {
   size_t gathered_param_bytes = 0;  // Full unit parameters held right now.
   size_t gathered_grad_bytes = 0;   // Full unit gradients held right now.
   size_t peak_bytes = 0;            // Highest sum of all of the above so far.
+  // Highest gathered_param_bytes so far: what prefetch_depth costs.
+  size_t peak_gathered_param_bytes = 0;
 
   size_t persistent_bytes() const {
     return param_bytes + grad_bytes + optimizer_bytes;
@@ -145,6 +155,9 @@ class Fsdp {
   absl::StatusOr<std::vector<float>> GatherFullParams(int unit);
 
   FsdpMemory memory() const;
+  // The most bytes of full (gathered) unit parameters held at once since
+  // Create, counting gathers in flight: memory().peak_gathered_param_bytes.
+  size_t peak_gathered_bytes() const;
   // Bytes this rank has sent, by WireBytes() (process_group.h): per step,
   // (n-1)/n of the flat parameters twice (all_gathers for forward and
   // backward; once under SHARD_GRAD_OP) and of the gradients once

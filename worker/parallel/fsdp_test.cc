@@ -1,5 +1,6 @@
 #include "worker/parallel/fsdp.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -275,12 +276,12 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
 }
 
 class FsdpMatchesLocalTraining
-    : public ::testing::TestWithParam<std::tuple<ShardingStrategy, int, bool>> {
+    : public ::testing::TestWithParam<std::tuple<ShardingStrategy, int, int>> {
 };
 
 TEST_P(FsdpMatchesLocalTraining, SgdAndAdam) {
-  const auto [strategy, world, prefetch] = GetParam();
-  const FsdpOptions options{.strategy = strategy, .prefetch = prefetch};
+  const auto [strategy, world, depth] = GetParam();
+  const FsdpOptions options{.strategy = strategy, .prefetch_depth = depth};
   const std::string sgd_path = TempPath("sgd"), adam_path = TempPath("adam");
   RunRanks(world, [&](std::shared_ptr<ProcessGroup> group) -> absl::Status {
     for (Opt opt : {Opt::kSgd, Opt::kAdam}) {
@@ -293,7 +294,7 @@ TEST_P(FsdpMatchesLocalTraining, SgdAndAdam) {
     return absl::OkStatus();
   });
   const std::string what = absl::StrCat(
-      ShardingStrategyName(strategy), " world ", world, " prefetch ", prefetch);
+      ShardingStrategyName(strategy), " world ", world, " prefetch ", depth);
   auto sgd = ReadFloats(sgd_path);
   ASSERT_TRUE(sgd.ok()) << sgd.status();
   ExpectClose(*sgd, TrainLocally(Opt::kSgd), what + " sgd");
@@ -313,21 +314,24 @@ TEST_P(FsdpMatchesLocalTraining, SgdAndAdam) {
 
 INSTANTIATE_TEST_SUITE_P(
     Strategies, FsdpMatchesLocalTraining,
-    ::testing::Values(std::make_tuple(ShardingStrategy::kFullShard, 1, true),
-                      std::make_tuple(ShardingStrategy::kFullShard, 2, true),
-                      std::make_tuple(ShardingStrategy::kFullShard, 4, true),
-                      std::make_tuple(ShardingStrategy::kFullShard, 2, false),
-                      std::make_tuple(ShardingStrategy::kShardGradOp, 1, true),
-                      std::make_tuple(ShardingStrategy::kShardGradOp, 2, true),
-                      std::make_tuple(ShardingStrategy::kShardGradOp, 4, true),
-                      std::make_tuple(ShardingStrategy::kNoShard, 1, true),
-                      std::make_tuple(ShardingStrategy::kNoShard, 2, true),
-                      std::make_tuple(ShardingStrategy::kNoShard, 4, true)),
+    ::testing::Values(std::make_tuple(ShardingStrategy::kFullShard, 1, 1),
+                      std::make_tuple(ShardingStrategy::kFullShard, 2, 1),
+                      std::make_tuple(ShardingStrategy::kFullShard, 4, 1),
+                      std::make_tuple(ShardingStrategy::kFullShard, 2, 0),
+                      std::make_tuple(ShardingStrategy::kFullShard, 2, 2),
+                      std::make_tuple(ShardingStrategy::kFullShard, 4, 3),
+                      std::make_tuple(ShardingStrategy::kShardGradOp, 1, 1),
+                      std::make_tuple(ShardingStrategy::kShardGradOp, 2, 1),
+                      std::make_tuple(ShardingStrategy::kShardGradOp, 2, 2),
+                      std::make_tuple(ShardingStrategy::kShardGradOp, 4, 1),
+                      std::make_tuple(ShardingStrategy::kNoShard, 1, 1),
+                      std::make_tuple(ShardingStrategy::kNoShard, 2, 1),
+                      std::make_tuple(ShardingStrategy::kNoShard, 4, 1)),
     [](const ::testing::TestParamInfo<FsdpMatchesLocalTraining::ParamType>&
            info) {
       return absl::StrCat(ShardingStrategyName(std::get<0>(info.param)),
                           "_world", std::get<1>(info.param),
-                          std::get<2>(info.param) ? "" : "_no_prefetch");
+                          "_prefetch", std::get<2>(info.param));
     });
 
 // Two backwards before one Step accumulate: the gradient shard is the sum
@@ -525,6 +529,7 @@ class LocalGroup : public ProcessGroup {
     return Op();
   }
   std::shared_ptr<Work> AllGather(BufferView in, BufferView out) override {
+    ++all_gathers;
     return Copy(in, out);
   }
   std::shared_ptr<Work> AllGatherV(BufferView in, BufferView out,
@@ -559,6 +564,8 @@ class LocalGroup : public ProcessGroup {
 
   // Collectives from now on end with UNAVAILABLE.
   void Break() { broken_ = true; }
+
+  int all_gathers = 0;  // Issued so far.
 
  private:
   std::shared_ptr<Work> Op() {
@@ -688,7 +695,7 @@ TEST(FsdpTest, CallsOutOfSequence) {
 
 TEST(FsdpTest, FailedCollectiveMakesLaterCallsFail) {
   auto group = std::make_shared<LocalGroup>();
-  auto fsdp = Fsdp::Create(group, {{3}, {4}}, {.prefetch = false}).value();
+  auto fsdp = Fsdp::Create(group, {{3}, {4}}, {.prefetch_depth = 0}).value();
   ASSERT_TRUE(fsdp->BeginForward(0).ok());
   ASSERT_TRUE(fsdp->EndForward(0).ok());
   group->Break();
@@ -698,6 +705,108 @@ TEST(FsdpTest, FailedCollectiveMakesLaterCallsFail) {
              "peer 1 died");
   ExpectCode(fsdp->GatherFullParams(0).status(),
              absl::StatusCode::kFailedPrecondition, "all_gather of unit 1");
+}
+
+TEST(FsdpTest, CreateRejectsNegativePrefetchDepth) {
+  ExpectCode(Fsdp::Create(std::make_shared<LocalGroup>(), {{3}, {4}},
+                          {.prefetch_depth = -1})
+                 .status(),
+             absl::StatusCode::kInvalidArgument, "prefetch_depth");
+}
+
+// prefetch_depth k: BeginForward(u) leaves units u .. u+k gathered or in
+// flight, BeginBackward(u) units u-k .. u; a unit is never gathered twice
+// for one Begin*, so a step issues the same all_gathers at every depth,
+// only earlier. Under FULL_SHARD at most k + 1 units are held at once.
+class FsdpPrefetchDepthTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(FsdpPrefetchDepthTest, GathersUpToDepthUnitsAhead) {
+  const int depth = GetParam();
+  constexpr int kUnits = 5;
+  constexpr size_t kUnitBytes = 6 * sizeof(float);
+  auto group = std::make_shared<LocalGroup>();
+  auto fsdp = Fsdp::Create(group, std::vector<std::vector<size_t>>(kUnits, {6}),
+                           {.prefetch_depth = depth})
+                  .value();
+  // Units gathered (or in flight) once Begin*(u) returns, and the
+  // all_gathers issued so far.
+  auto held_after = [&](int u, int direction) {
+    return direction > 0 ? std::min(kUnits - u, depth + 1)
+                         : std::min(u + 1, depth + 1);
+  };
+  for (int step = 0; step < 2; ++step) {
+    const int gathers_before = group->all_gathers;
+    for (int u = 0; u < kUnits; ++u) {
+      ASSERT_TRUE(fsdp->BeginForward(u).ok());
+      EXPECT_EQ(fsdp->memory().gathered_param_bytes,
+                held_after(u, +1) * kUnitBytes)
+          << "depth " << depth << " after BeginForward(" << u << ")";
+      EXPECT_EQ(group->all_gathers - gathers_before,
+                std::min(kUnits, u + 1 + depth))
+          << "depth " << depth << " after BeginForward(" << u << ")";
+      ASSERT_TRUE(fsdp->EndForward(u).ok());
+    }
+    const int forward_gathers = group->all_gathers - gathers_before;
+    EXPECT_EQ(forward_gathers, kUnits);
+    for (int u = kUnits - 1; u >= 0; --u) {
+      ASSERT_TRUE(fsdp->BeginBackward(u).ok());
+      EXPECT_EQ(fsdp->memory().gathered_param_bytes,
+                held_after(u, -1) * kUnitBytes)
+          << "depth " << depth << " after BeginBackward(" << u << ")";
+      // The last unit stays from forward; the others are gathered again.
+      EXPECT_EQ(group->all_gathers - gathers_before - forward_gathers,
+                std::min(kUnits - 1, kUnits - 1 - u + depth))
+          << "depth " << depth << " after BeginBackward(" << u << ")";
+      ASSERT_TRUE(fsdp->EndBackward(u).ok());
+    }
+    ASSERT_TRUE(fsdp->FinishBackward().ok());
+    EXPECT_EQ(group->all_gathers - gathers_before, 2 * kUnits - 1);
+  }
+  EXPECT_EQ(fsdp->peak_gathered_bytes(),
+            std::min(kUnits, depth + 1) * kUnitBytes);
+  EXPECT_EQ(fsdp->memory().peak_gathered_param_bytes,
+            fsdp->peak_gathered_bytes());
+}
+
+INSTANTIATE_TEST_SUITE_P(Depths, FsdpPrefetchDepthTest,
+                         ::testing::Values(0, 1, 2, 4, 7));
+
+TEST(FsdpTest, ShardGradOpHoldsEveryUnitWhateverTheDepth) {
+  for (int depth : {0, 2}) {
+    auto fsdp = Fsdp::Create(std::make_shared<LocalGroup>(), {{6}, {6}, {6}},
+                             {.strategy = ShardingStrategy::kShardGradOp,
+                              .prefetch_depth = depth})
+                    .value();
+    for (int u = 0; u < 3; ++u) {
+      ASSERT_TRUE(fsdp->BeginForward(u).ok());
+      ASSERT_TRUE(fsdp->EndForward(u).ok());
+    }
+    EXPECT_EQ(fsdp->peak_gathered_bytes(), 3 * 6 * sizeof(float))
+        << "depth " << depth;
+  }
+}
+
+// Every depth issues the same collectives in the same order, so the
+// parameters after training are bit-identical, not merely close.
+TEST(FsdpRanksTest, PrefetchDepthDoesNotChangeResults) {
+  const std::vector<int> depths = {0, 1, 2};
+  std::vector<std::string> paths;
+  for (size_t i = 0; i < depths.size(); ++i) paths.push_back(TempPath("depth"));
+  RunRanks(2, [&](std::shared_ptr<ProcessGroup> group) -> absl::Status {
+    for (size_t i = 0; i < depths.size(); ++i) {
+      auto flat = TrainFsdp(group, {.prefetch_depth = depths[i]}, Opt::kAdam);
+      if (!flat.ok()) return flat.status();
+      if (group->rank() == 0) RANK_OK(WriteFloats(paths[i], *flat));
+    }
+    return absl::OkStatus();
+  });
+  auto reference = ReadFloats(paths[1]);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  for (size_t i = 0; i < depths.size(); ++i) {
+    auto got = ReadFloats(paths[i]);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, *reference) << "prefetch_depth " << depths[i];
+  }
 }
 
 }  // namespace

@@ -48,7 +48,11 @@ ABSL_FLAG(double, bucket_cap_mb, 25, "DDP: the other buckets' size, MiB.");
 ABSL_FLAG(bool, overlap, true,
           "DDP: reduce buckets during backward (false: all after it).");
 ABSL_FLAG(std::string, comm_hook, "none", "DDP: none | fp16 | bf16.");
-ABSL_FLAG(bool, prefetch, true, "FSDP: gather the next unit ahead.");
+ABSL_FLAG(int, fsdp_prefetch, 1,
+          "FSDP: units gathered ahead of the one computing (0: none; k: up "
+          "to k in flight, k + 1 units' parameters held under FULL_SHARD).");
+ABSL_FLAG(bool, prefetch, true,
+          "FSDP, kept for old command lines: false is --fsdp_prefetch=0.");
 ABSL_FLAG(int, compute_threads, 1,
           "Threads per matrix product (OpenBLAS); 1 suits a rank per core.");
 ABSL_FLAG(bool, verify_ops, true,
@@ -115,7 +119,11 @@ absl::Status Run() {
       static_cast<size_t>(absl::GetFlag(FLAGS_bucket_cap_mb) * 1048576);
   config.overlap = absl::GetFlag(FLAGS_overlap);
   config.comm_hook = absl::GetFlag(FLAGS_comm_hook);
-  config.prefetch = absl::GetFlag(FLAGS_prefetch);
+  if (absl::GetFlag(FLAGS_fsdp_prefetch) < 0) {
+    return absl::InvalidArgumentError("--fsdp_prefetch must be >= 0");
+  }
+  config.fsdp_prefetch =
+      absl::GetFlag(FLAGS_prefetch) ? absl::GetFlag(FLAGS_fsdp_prefetch) : 0;
 
   std::shared_ptr<cohort::ProcessGroup> group;
   if (config.mode != TrainMode::kLocal) {
@@ -147,13 +155,14 @@ absl::Status Run() {
     std::printf(
         "mode=%s world=%d param_checksum=%.9g steps_per_s=%.1f "
         "comm_bytes_per_rank=%llu (%s) mem_per_rank: params=%s grads=%s "
-        "optimizer=%s peak=%s\n",
+        "optimizer=%s peak=%s peak_gathered=%s\n",
         std::string(TrainModeName(config.mode)).c_str(), world,
         report->checksum, report->steps_per_second,
         static_cast<unsigned long long>(report->comm_bytes),
         Mib(report->comm_bytes).c_str(), Mib(report->param_bytes).c_str(),
         Mib(report->grad_bytes).c_str(), Mib(report->optimizer_bytes).c_str(),
-        Mib(report->peak_bytes).c_str());
+        Mib(report->peak_bytes).c_str(),
+        Mib(report->peak_gathered_bytes).c_str());
     std::fflush(stdout);
     const std::string out = absl::GetFlag(FLAGS_params_out);
     if (!out.empty()) {

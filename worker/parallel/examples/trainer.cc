@@ -368,7 +368,7 @@ absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
   }
   FsdpOptions options;
   options.strategy = StrategyOf(c.mode);
-  options.prefetch = c.prefetch;
+  options.prefetch_depth = c.fsdp_prefetch;
   absl::StatusOr<std::unique_ptr<Fsdp>> created =
       Fsdp::Create(group, std::move(units), options);
   if (!created.ok()) return created.status();
@@ -417,6 +417,7 @@ absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
   report.grad_bytes = memory.grad_bytes;
   report.optimizer_bytes = memory.optimizer_bytes;
   report.peak_bytes = memory.peak_bytes;
+  report.peak_gathered_bytes = memory.peak_gathered_param_bytes;
   std::vector<std::vector<float>> params;
   for (int l = 0; l < layers; ++l) {
     absl::StatusOr<std::vector<float>> full = fsdp.GatherFullParams(l);

@@ -58,8 +58,8 @@ struct TrainConfig {
   size_t bucket_cap_bytes = size_t{25} << 20;
   bool overlap = true;
   std::string comm_hook = "none";  // "none", "fp16" or "bf16".
-  // FSDP.
-  bool prefetch = true;
+  // FSDP: units gathered ahead of the one computing (FsdpOptions).
+  int fsdp_prefetch = 1;
 };
 
 struct TrainReport {
@@ -76,6 +76,8 @@ struct TrainReport {
   size_t grad_bytes = 0;
   size_t optimizer_bytes = 0;
   size_t peak_bytes = 0;
+  // FSDP: the most bytes of gathered (full) unit parameters held at once.
+  size_t peak_gathered_bytes = 0;
 };
 
 // Trains per `config` as rank group->rank() of group->size() (`group` may be

@@ -145,6 +145,36 @@ TEST(TrainerTest, DdpNoSyncAccumulationMatchesOneBigBatch) {
   }
 }
 
+// fsdp_prefetch trades memory for overlap and nothing else: the same
+// parameters at every depth; the report's peak of gathered parameters is
+// the largest unit at depth 0 (one unit at a time) and every unit at depth
+// 2 (three units here, padded for two ranks to 330, 652 and 154 floats).
+TEST(TrainerTest, FsdpPrefetchDepthChangesMemoryNotResults) {
+  const std::vector<float> reference =
+      TrainOnRanks(SmallConfig(TrainMode::kFsdp, "sgd"), 2);
+  for (int depth : {0, 2}) {
+    TrainConfig config = SmallConfig(TrainMode::kFsdp, "sgd");
+    config.fsdp_prefetch = depth;
+    const std::string out = TempPath("peak");
+    RunRanks(2, [&](std::shared_ptr<ProcessGroup> group) -> absl::Status {
+      absl::StatusOr<TrainReport> report = Train(config, group);
+      if (!report.ok()) return report.status();
+      if (group->rank() != 0) return absl::OkStatus();
+      std::vector<float> written = report->params;
+      written.push_back(static_cast<float>(report->peak_gathered_bytes));
+      return WriteFloats(out, written);
+    });
+    absl::StatusOr<std::vector<float>> got = ReadFloats(out);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), reference.size() + 1);
+    const float peak = got->back();
+    got->pop_back();
+    EXPECT_EQ(*got, reference) << "fsdp_prefetch " << depth;
+    EXPECT_EQ(peak, (depth == 0 ? 652 : 330 + 652 + 154) * sizeof(float))
+        << "fsdp_prefetch " << depth;
+  }
+}
+
 // Compressed gradients change the result, but only by about their
 // precision (sgd, 6 steps).
 TEST(TrainerTest, CompressionHooksStayNearTheExactResult) {
