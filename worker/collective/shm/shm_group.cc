@@ -109,6 +109,12 @@ std::pair<size_t, size_t> Portion(size_t count, size_t element, int q,
   return {boundary(q), boundary(q + 1)};
 }
 
+// memcpy that accepts an empty range with null pointers (an empty vector's
+// data()), which memcpy itself does not.
+inline void CopyBytes(void* to, const void* from, size_t n) {
+  if (n > 0) std::memcpy(to, from, n);
+}
+
 std::string Quoted(const char* text) {
   return absl::StrCat("'", absl::string_view(text, strnlen(text, kCheckBytes)),
                       "'");
@@ -168,6 +174,14 @@ char* ShmGroup::slot(int rank, uint32_t round) const {
   const size_t data = RoundUp(kPage + size_ * sizeof(Control), kPage);
   return static_cast<char*>(base_) + data +
          (2 * static_cast<size_t>(rank) + (round & 1)) * options_.slot_bytes;
+}
+
+void ShmGroup::NotePeers() {
+  pid_visible_.assign(size_, false);
+  for (int q = 0; q < size_; ++q) {
+    const pid_t pid = control(q).pid.load();
+    pid_visible_[q] = pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+  }
 }
 
 int ShmGroup::GroupRank(int local) const {
@@ -270,6 +284,7 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(
       group->Fail(all);
       return all;
     }
+    group->NotePeers();
     return group;
   }
 
@@ -318,7 +333,10 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(
   FutexWake(&h.attached);
   while (true) {
     const uint32_t seen = h.attached.load();
-    if (seen >= static_cast<uint32_t>(size)) return group;
+    if (seen >= static_cast<uint32_t>(size)) {
+      group->NotePeers();
+      return group;
+    }
     if (h.failed.load() != 0) {
       return absl::UnavailableError(absl::StrCat(
           "local rank 0 gave up on the shared-memory segment: ",
@@ -397,7 +415,7 @@ void ShmGroup::BeginOp(absl::string_view check, uint64_t aux) {
   const uint32_t parity = ops_++ & 1;
   Control& me = control(rank_);
   const size_t n = std::min(check.size(), kCheckBytes - 1);
-  std::memcpy(me.check[parity], check.data(), n);
+  CopyBytes(me.check[parity], check.data(), n);
   me.check[parity][n] = '\0';
   me.aux[parity] = aux;
   check_pending_ = !check.empty();
@@ -450,7 +468,7 @@ absl::Status ShmGroup::AwaitPeer(int peer, uint32_t generation) {
     Header& h = header();
     if (h.failed.load() != 0) return FailedStatus("");
     const pid_t pid = control(peer).pid.load();
-    if (ProcessGone(pid)) {
+    if (pid_visible_[peer] && ProcessGone(pid)) {
       return absl::UnavailableError(
           absl::StrCat("rank ", GroupRank(peer), " (pid ", pid,
                        ", on this host) exited during the op"));
@@ -592,7 +610,7 @@ absl::Status ShmGroup::BroadcastFromLeader(const BufferView& data,
                        ", this host's leader, failed: ", control(0).note[parity]));
     }
     const size_t n = std::min(options_.slot_bytes, bytes - off);
-    std::memcpy(out + off, slot(0, round), n);
+    CopyBytes(out + off, slot(0, round), n);
   }
   return absl::OkStatus();
 }
@@ -605,7 +623,7 @@ absl::Status ShmGroup::AllReduceOrReduce(const BufferView& data, ReduceOp op,
   for (size_t off = 0; off == 0 || off < data.count; off += chunk) {
     const size_t m = std::min(chunk, data.count - off);
     const uint32_t round = NextRound();
-    std::memcpy(slot(rank_, round), bytes + off * element, m * element);
+    CopyBytes(slot(rank_, round), bytes + off * element, m * element);
     RETURN_IF_ERROR(Barrier());
     // This rank's portion of the round, reduced into its own slot: its own
     // value first, then the others' in rank order.
@@ -622,8 +640,8 @@ absl::Status ShmGroup::AllReduceOrReduce(const BufferView& data, ReduceOp op,
     if (root >= 0 && root != rank_) continue;
     for (int q = 0; q < size_; ++q) {
       const auto [b, e] = Portion(m, element, q, size_);
-      std::memcpy(bytes + (off + b) * element, slot(q, round) + b * element,
-                  (e - b) * element);
+      CopyBytes(bytes + (off + b) * element, slot(q, round) + b * element,
+                (e - b) * element);
     }
   }
   return absl::OkStatus();
@@ -635,9 +653,9 @@ absl::Status ShmGroup::Broadcast(const BufferView& data, int root) {
   for (size_t off = 0; off == 0 || off < bytes; off += options_.slot_bytes) {
     const size_t n = std::min(options_.slot_bytes, bytes - off);
     const uint32_t round = NextRound();
-    if (rank_ == root) std::memcpy(slot(root, round), buffer + off, n);
+    if (rank_ == root) CopyBytes(slot(root, round), buffer + off, n);
     RETURN_IF_ERROR(Barrier());
-    if (rank_ != root) std::memcpy(buffer + off, slot(root, round), n);
+    if (rank_ != root) CopyBytes(buffer + off, slot(root, round), n);
   }
   return absl::OkStatus();
 }
@@ -650,11 +668,11 @@ absl::Status ShmGroup::AllGather(const CollectiveOp& op, bool to_root_only) {
   for (size_t off = 0; off == 0 || off < bytes; off += options_.slot_bytes) {
     const size_t n = std::min(options_.slot_bytes, bytes - off);
     const uint32_t round = NextRound();
-    std::memcpy(slot(rank_, round), in + off, n);
+    CopyBytes(slot(rank_, round), in + off, n);
     RETURN_IF_ERROR(Barrier());
     if (!reads) continue;
     for (int q = 0; q < size_; ++q) {
-      std::memcpy(out + q * bytes + off, slot(q, round), n);
+      CopyBytes(out + q * bytes + off, slot(q, round), n);
     }
   }
   return absl::OkStatus();
@@ -677,10 +695,15 @@ absl::Status ShmGroup::AllGatherV(const CollectiveOp& op) {
       const size_t total = at[q + 1] - at[q];
       return total > lo ? std::min(s, total - lo) : size_t{0};
     };
-    std::memcpy(slot(rank_, round), in + lo, part(rank_));
+    // Offsets only where bytes move: a rank may give nothing (a null input).
+    if (const size_t n = part(rank_); n > 0) {
+      std::memcpy(slot(rank_, round), in + lo, n);
+    }
     RETURN_IF_ERROR(Barrier());
     for (int q = 0; q < size_; ++q) {
-      std::memcpy(out + at[q] + lo, slot(q, round), part(q));
+      if (const size_t n = part(q); n > 0) {
+        std::memcpy(out + at[q] + lo, slot(q, round), n);
+      }
     }
   }
   return absl::OkStatus();
@@ -696,11 +719,11 @@ absl::Status ShmGroup::Scatter(const CollectiveOp& op) {
     const uint32_t round = NextRound();
     if (rank_ == op.root) {
       for (int q = 0; q < size_; ++q) {
-        std::memcpy(slot(rank_, round) + q * piece, in + q * block + off, n);
+        CopyBytes(slot(rank_, round) + q * piece, in + q * block + off, n);
       }
     }
     RETURN_IF_ERROR(Barrier());
-    std::memcpy(out + off, slot(op.root, round) + rank_ * piece, n);
+    CopyBytes(out + off, slot(op.root, round) + rank_ * piece, n);
   }
   return absl::OkStatus();
 }
@@ -714,11 +737,11 @@ absl::Status ShmGroup::AllToAll(const CollectiveOp& op) {
     const size_t n = std::min(piece, block - off);
     const uint32_t round = NextRound();
     for (int q = 0; q < size_; ++q) {
-      std::memcpy(slot(rank_, round) + q * piece, in + q * block + off, n);
+      CopyBytes(slot(rank_, round) + q * piece, in + q * block + off, n);
     }
     RETURN_IF_ERROR(Barrier());
     for (int q = 0; q < size_; ++q) {
-      std::memcpy(out + q * block + off, slot(q, round) + rank_ * piece, n);
+      CopyBytes(out + q * block + off, slot(q, round) + rank_ * piece, n);
     }
   }
   return absl::OkStatus();
@@ -742,14 +765,16 @@ absl::Status ShmGroup::AllToAllV(const CollectiveOp& op) {
     const size_t lo = k * piece;
     const uint32_t round = NextRound();
     for (int q = 0; q < size_; ++q) {
-      std::memcpy(slot(rank_, round) + q * piece, in + send_at[q] + lo,
-                  part(send_at[q + 1] - send_at[q], lo));
+      if (const size_t n = part(send_at[q + 1] - send_at[q], lo); n > 0) {
+        std::memcpy(slot(rank_, round) + q * piece, in + send_at[q] + lo, n);
+      }
     }
     RETURN_IF_ERROR(Barrier());
     if (k == 0) rounds = std::max<uint64_t>(1, MaxAux());
     for (int q = 0; q < size_; ++q) {
-      std::memcpy(out + recv_at[q] + lo, slot(q, round) + rank_ * piece,
-                  part(recv_at[q + 1] - recv_at[q], lo));
+      if (const size_t n = part(recv_at[q + 1] - recv_at[q], lo); n > 0) {
+        std::memcpy(out + recv_at[q] + lo, slot(q, round) + rank_ * piece, n);
+      }
     }
   }
   return absl::OkStatus();
@@ -767,8 +792,8 @@ absl::Status ShmGroup::ReduceScatter(const CollectiveOp& op) {
     const size_t m = std::min(piece, count - off);
     const uint32_t round = NextRound();
     for (int q = 0; q < size_; ++q) {
-      std::memcpy(slot(rank_, round) + q * piece_bytes,
-                  in + (q * count + off) * element, m * element);
+      CopyBytes(slot(rank_, round) + q * piece_bytes,
+                in + (q * count + off) * element, m * element);
     }
     RETURN_IF_ERROR(Barrier());
     // Rank order, straight from the slots into the caller's output.

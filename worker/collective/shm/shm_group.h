@@ -130,6 +130,8 @@ class ShmGroup {
   Control& control(int rank) const;
   char* slot(int rank, uint32_t round) const;
   int GroupRank(int local) const;
+  // Once every local rank has mapped the segment: records pid_visible_.
+  void NotePeers();
 
   // Starts an op: publishes `check` (and `aux`) for this op.
   void BeginOp(absl::string_view check, uint64_t aux);
@@ -163,6 +165,10 @@ class ShmGroup {
   const size_t bytes_;
   const absl::Duration spin_;
 
+  // Per local rank: whether its pid is visible from here, so that its
+  // exit can be seen (ranks in another pid namespace, e.g. other
+  // containers sharing /dev/shm, are waited for until the deadline only).
+  std::vector<bool> pid_visible_;
   uint32_t generation_ = 0;  // Barriers this rank has arrived at.
   uint32_t round_ = 0;       // Data rounds so far (slot halves alternate).
   uint32_t ops_ = 0;         // Ops so far (checks alternate).
