@@ -6,11 +6,15 @@
 #   ddp            buckets all_reduced while backward goes on (the default)
 #   ddp_no_overlap every bucket all_reduced after backward (--overlap=false)
 #   ddp_unverified ddp without the ProcessGroup's per-op check (as torch)
-#   fsdp           FULL_SHARD; fsdp_grad_op: SHARD_GRAD_OP
+#   fsdp           FULL_SHARD (prefetch depth 1); fsdp_grad_op: SHARD_GRAD_OP
+#   fsdp_prefetchK FULL_SHARD with --fsdp_prefetch=K (0: none; K units ahead)
 # Rounds alternate the modes so that drift on a shared VM hits all alike;
 # the table shows each mode's median and the hidden share of communication.
 #   bazel run //bench:train_bench -- [train flags, e.g. --bucket_cap_mb=0.5]
 #   ROUNDS=5 STEPS=100 NPROC=4 bazel run //bench:train_bench
+#   MODES="compute_only ddp ddp_no_overlap fsdp_prefetch0 fsdp fsdp_prefetch2" \
+#     bazel run //bench:train_bench -- --dims=256,512,512,512,512,512,512,512,10 \
+#     --teacher_dims=256,128,10   # a deeper model (8 layers)
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-5}
@@ -29,13 +33,15 @@ for _ in $(seq 300); do
   sleep 0.05
 done
 
-modes=(compute_only ddp ddp_no_overlap ddp_unverified fsdp fsdp_grad_op)
+read -r -a modes <<<"${MODES:-compute_only ddp ddp_no_overlap ddp_unverified fsdp fsdp_grad_op}"
+has() { [[ " ${modes[*]} " == *" $1 "* ]]; }
 run=0
 for round in $(seq "$ROUNDS"); do
   for m in "${modes[@]}"; do
     args=(--mode="$m")
     [[ $m == ddp_no_overlap ]] && args=(--mode=ddp --overlap=false)
     [[ $m == ddp_unverified ]] && args=(--mode=ddp --verify_ops=false)
+    [[ $m == fsdp_prefetch* ]] && args=(--mode=fsdp --fsdp_prefetch="${m#fsdp_prefetch}")
     run=$((run + 1))
     worker/launch/cohortrun --coordinator="$ADDR" --run-id="bench-$run" \
       --nnodes=1:1 --nproc-per-node="$NPROC" -- \
@@ -53,20 +59,29 @@ done
 median() { grep "^$1 " "$TMP/times" | awk '{print $2}' | sort -g |
   awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 echo
-printf "%-15s %10s %12s %10s %10s %10s\n" mode "ms/step" "comm/rank" params grads peak
+printf "%-15s %10s %12s %10s %10s %10s %14s\n" mode "ms/step" "comm/rank" params grads peak peak_gathered
 for m in "${modes[@]}"; do
   line=$(cat "$TMP/last.$m")
   field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$line"; }
   comm=$(sed -n 's/.*comm_bytes_per_rank=[0-9]* (\([^)]*\)).*/\1/p' <<<"$line")
-  printf "%-15s %10s %12s %10s %10s %10s\n" "$m" "$(median "$m")" "$comm" \
-    "$(field params)" "$(field grads)" "$(field peak)"
+  printf "%-15s %10s %12s %10s %10s %10s %14s\n" "$m" "$(median "$m")" "$comm" \
+    "$(field params)" "$(field grads)" "$(field peak)" "$(field peak_gathered)"
 done
-c=$(median compute_only); d=$(median ddp); n=$(median ddp_no_overlap)
-awk -v c="$c" -v d="$d" -v n="$n" 'BEGIN {
-  printf "\nDDP / compute-only: %.2fx; communication exposed without overlap: %.2f ms/step, with overlap: %.2f ms/step (%.0f%% hidden)\n",
-    d / c, n - c, d - c, (n > c) ? 100 * (n - d) / (n - c) : 0 }'
-u=$(median ddp_unverified)
-awk -v c="$c" -v u="$u" 'BEGIN { printf "DDP without verify_ops / compute-only: %.2fx (exposed %.2f ms/step)\n", u / c, u - c }'
-f=$(median fsdp); g=$(median fsdp_grad_op)
-awk -v d="$d" -v f="$f" -v g="$g" 'BEGIN {
-  printf "FSDP FULL_SHARD / DDP step time: %.2fx; SHARD_GRAD_OP / DDP: %.2fx\n", f / d, g / d }'
+echo
+if has compute_only && has ddp && has ddp_no_overlap; then
+  c=$(median compute_only); d=$(median ddp); n=$(median ddp_no_overlap)
+  awk -v c="$c" -v d="$d" -v n="$n" 'BEGIN {
+    printf "DDP / compute-only: %.2fx; communication exposed without overlap: %.2f ms/step, with overlap: %.2f ms/step (%.0f%% hidden)\n",
+      d / c, n - c, d - c, (n > c) ? 100 * (n - d) / (n - c) : 0 }'
+fi
+if has compute_only && has ddp_unverified; then
+  c=$(median compute_only); u=$(median ddp_unverified)
+  awk -v c="$c" -v u="$u" 'BEGIN { printf "DDP without verify_ops / compute-only: %.2fx (exposed %.2f ms/step)\n", u / c, u - c }'
+fi
+if has ddp; then
+  d=$(median ddp)
+  for m in "${modes[@]}"; do
+    [[ $m == fsdp* ]] || continue
+    awk -v d="$d" -v f="$(median "$m")" -v m="$m" 'BEGIN { printf "%s / DDP step time: %.2fx\n", m, f / d }'
+  done
+fi
