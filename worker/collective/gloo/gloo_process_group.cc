@@ -94,6 +94,8 @@ absl::Status GlooCall(absl::Duration timeout, const std::function<void()>& fn) {
     }
     return absl::UnavailableError(
         absl::StrCat("connection to a peer failed: ", e.what()));
+  } catch (const OpMismatch& e) {
+    return absl::InvalidArgumentError(e.what());
   } catch (const std::exception& e) {
     return absl::InternalError(e.what());
   }
@@ -450,6 +452,21 @@ absl::Status GlooProcessGroup::HierarchicalAllReduce(const CollectiveOp& op,
   return locality_.shm->BroadcastFromLeader(b, across);
 }
 
+std::shared_ptr<Work> GlooProcessGroup::SubmitChecked(CollectiveOp op,
+                                                      CheckedBody body) {
+  if ((locality_.whole_group && locality_.shm != nullptr) ||
+      (locality_.hierarchical && op.kind == OpKind::kAllReduce)) {
+    return Submit(std::move(op), Body());  // Shared memory takes it.
+  }
+  return engine_.Submit(
+      std::move(op),
+      [this, body = std::move(body)](const CollectiveOp& op,
+                                     const OpEngine::OpRun& run) {
+        return GlooCall(options_.group.timeout, [&] { body(op, run); });
+      },
+      /*checks_itself=*/true);
+}
+
 std::shared_ptr<Work> GlooProcessGroup::Submit(CollectiveOp op, Body body) {
   if (locality_.whole_group && locality_.shm != nullptr) {
     return engine_.Submit(
@@ -487,16 +504,22 @@ std::shared_ptr<Work> GlooProcessGroup::Broadcast(BufferView buffer, int root) {
 
 std::shared_ptr<Work> GlooProcessGroup::AllReduce(BufferView buffer,
                                                   ReduceOp op) {
+  // Small buffers go direct, with the op's check beside the data.
+  if (buffer.bytes() * (size_ - 1) <= kDirectMaxWireBytes) {
+    return SubmitChecked(CollectiveOp::AllReduce(buffer, op),
+                         [this](const CollectiveOp& op,
+                                const OpEngine::OpRun& run) {
+                           const BufferView& b = op.output;
+                           DirectAllReduce(*context_, b.data, b.count, b.dtype,
+                                           op.reduce, run.tag, timeout(),
+                                           run.check);
+                         });
+  }
   return Submit(CollectiveOp::AllReduce(buffer, op),
                 [this](const CollectiveOp& op, uint32_t tag) {
                   const BufferView& b = op.output;
-                  if (b.bytes() * (size_ - 1) <= kDirectMaxWireBytes) {
-                    DirectAllReduce(*context_, b.data, b.count, b.dtype,
-                                    op.reduce, tag, timeout());
-                  } else {
-                    RingAllReduce(*context_, b.data, b.count, b.dtype,
-                                  op.reduce, tag, timeout());
-                  }
+                  RingAllReduce(*context_, b.data, b.count, b.dtype, op.reduce,
+                                tag, timeout());
                 });
 }
 
@@ -526,14 +549,18 @@ std::shared_ptr<Work> GlooProcessGroup::Reduce(BufferView buffer, int root,
 
 std::shared_ptr<Work> GlooProcessGroup::AllGather(BufferView input,
                                                   BufferView output) {
+  if (input.bytes() * (size_ - 1) <= kDirectMaxWireBytes) {
+    return SubmitChecked(CollectiveOp::AllGather(input, output),
+                         [this](const CollectiveOp& op,
+                                const OpEngine::OpRun& run) {
+                           DirectAllGather(*context_, op.input.data,
+                                           op.input.bytes(), op.output.data,
+                                           run.tag, timeout(), run.check);
+                         });
+  }
   return Submit(CollectiveOp::AllGather(input, output),
                 [this](const CollectiveOp& op, uint32_t tag) {
                   const size_t bytes = op.input.bytes();
-                  if (bytes * (size_ - 1) <= kDirectMaxWireBytes) {
-                    DirectAllGather(*context_, op.input.data, bytes,
-                                    op.output.data, tag, timeout());
-                    return;
-                  }
                   gloo::AllgatherOptions opts(context_);
                   opts.setInput(Bytes(op.input), bytes);
                   opts.setOutput(Bytes(op.output), op.output.bytes());

@@ -170,8 +170,15 @@ class GlooProcessGroup final : public ProcessGroup {
   absl::StatusOr<std::unique_ptr<GlooProcessGroup>> CreateChild(
       absl::string_view suffix, int rank, int size);
 
-  // Every op: the engine runs `body` for `op`.
+  // A body that carries the op's check itself (gloo_ring.h's Direct
+  // functions): it gets the engine's OpRun.
+  using CheckedBody =
+      std::function<void(const CollectiveOp& op, const OpEngine::OpRun& run)>;
+
+  // Every op: the engine runs `body` for `op` (or shared memory runs the op,
+  // see the class comment).
   std::shared_ptr<Work> Submit(CollectiveOp op, Body body);
+  std::shared_ptr<Work> SubmitChecked(CollectiveOp op, CheckedBody body);
 
   std::chrono::milliseconds timeout() const;
   // Every gloo collective's options take the op's tag and the group's

@@ -698,6 +698,35 @@ TEST_P(TransportTest, DeadPeerFailsTheOpInsteadOfHanging) {
   }, GetParam());
 }
 
+// Over TCP a small AllReduce carries its check beside its data, while a
+// Barrier's is exchanged by the engine before it: the two still meet.
+TEST_P(TransportTest, AnOpCheckedInsideMeetsOneCheckedBefore) {
+  RunRanks(3, 3, [](const Rank& r) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group = r.NewGroup();
+    if (!group.ok()) return group.status();
+    std::vector<float> values(4, 1.0f);
+    absl::Status status =
+        r.rank == 2
+            ? (*group)->Barrier()->Wait(kWait)
+            : (*group)
+                  ->AllReduce(BufferView::Of(values.data(), values.size()),
+                              ReduceOp::kSum)
+                  ->Wait(kWait);
+    const std::string named = r.rank == 2
+                                  ? "rank 0 issued 'AllReduce SUM of 4 f32'"
+                                  : "rank 2 issued 'Barrier'";
+    if (status.code() != absl::StatusCode::kInvalidArgument ||
+        !absl::StrContains(status.message(), named)) {
+      return absl::InternalError(absl::StrCat(
+          "want INVALID_ARGUMENT naming ", named, ", got ", status.ToString()));
+    }
+    if (values != std::vector<float>(4, 1.0f)) {
+      return absl::InternalError("the AllReduce wrote its buffer");
+    }
+    return ExpectSum(**group, 1, 3, "after the mismatch");
+  }, GetParam());
+}
+
 TEST_P(TransportTest, RanksThatDisagreeGetInvalidArgument) {
   RunRanks(3, 3, [](const Rank& r) -> absl::Status {
     absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group = r.NewGroup();

@@ -76,6 +76,71 @@ struct RingLayout {
 
 int Mod(int a, int n) { return ((a % n) + n) % n; }
 
+// The check of an op carried beside its data (see gloo_ring.h): posted when
+// constructed, compared by Verify before the caller waits for data.
+class CheckExchange {
+ public:
+  CheckExchange(gloo::Context& context, absl::string_view check, uint32_t tag)
+      : context_(context), active_(!check.empty() && context.size > 1) {
+    if (!active_) return;
+    mine_.assign(kCheckBytes, '\0');
+    check.substr(0, kCheckBytes - 1).copy(mine_.data(), kCheckBytes - 1);
+    // Fowler-Noll-Vo over the name: the data slots' salt.
+    uint32_t hash = 2166136261u;
+    for (char c : check) hash = (hash ^ static_cast<uint8_t>(c)) * 16777619u;
+    salt_ = 1 + hash % 0xfffffe;
+    all_.assign(kCheckBytes * context.size, '\0');
+    recv_ = context.createUnboundBuffer(all_.data(), all_.size());
+    send_ = context.createUnboundBuffer(mine_.data(), mine_.size());
+    // The slot of the engine's exchange (AllGatherBytes under tag + 1).
+    const uint64_t slot = MakeSlot(kDirectAllGatherSlotPrefix, tag + 1, 0);
+    for (int r = 0; r < context.size; ++r) {
+      if (r != context.rank) recv_->recv(r, slot, r * kCheckBytes, kCheckBytes);
+    }
+    for (int r = 0; r < context.size; ++r) {
+      if (r != context.rank) send_->send(r, slot, 0, kCheckBytes);
+    }
+  }
+
+  // The step field of the op's data slots: 0 unchecked, else the name's.
+  uint32_t salt() const { return salt_; }
+
+  void Verify(std::chrono::milliseconds timeout, const char* what) {
+    if (!active_) return;
+    for (int r = 1; r < context_.size; ++r) {
+      if (!recv_->waitRecv(timeout)) {
+        throw gloo::IoException(std::string(what) + ": check receive aborted");
+      }
+    }
+    for (int r = 1; r < context_.size; ++r) {
+      if (!send_->waitSend(timeout)) {
+        throw gloo::IoException(std::string(what) + ": check send aborted");
+      }
+    }
+    std::string differences;
+    for (int r = 0; r < context_.size; ++r) {
+      const std::string theirs(all_.data() + r * kCheckBytes,
+                               strnlen(all_.data() + r * kCheckBytes,
+                                       kCheckBytes));
+      if (r == context_.rank || theirs == mine_.data()) continue;
+      differences += (differences.empty() ? "" : ", ");
+      differences += "rank " + std::to_string(r) + " issued '" + theirs + "'";
+    }
+    if (!differences.empty()) {
+      throw OpMismatch("the ranks issued different ops: " + differences);
+    }
+  }
+
+ private:
+  gloo::Context& context_;
+  const bool active_;
+  uint32_t salt_ = 0;
+  std::vector<char> mine_;
+  std::vector<char> all_;
+  std::unique_ptr<UnboundBuffer> recv_;
+  std::unique_ptr<UnboundBuffer> send_;
+};
+
 // Scratch memory for the calling thread, reused from op to op: a fresh
 // allocation of a large block costs a page fault per 4 KiB on first touch,
 // which took 40 % of a 64 MiB reduce-scatter's time here. Ops run on a
@@ -325,11 +390,13 @@ void RingAllReduce(gloo::Context& context, void* data, size_t count,
 
 void DirectAllReduce(gloo::Context& context, void* data, size_t count,
                      Dtype dtype, ReduceOp op, uint32_t tag,
-                     std::chrono::milliseconds timeout) {
+                     std::chrono::milliseconds timeout,
+                     absl::string_view check) {
   constexpr char kWhat[] = "direct all-reduce";
   const int rank = context.rank;
   const int size = context.size;
   if (size == 1 || count == 0) return;
+  CheckExchange checked(context, check, tag);
   const size_t bytes = count * DtypeSize(dtype);
   char* const mine = static_cast<char*>(data);
   // Every rank's buffer by rank; this rank's own slot holds a copy of its
@@ -344,10 +411,14 @@ void DirectAllReduce(gloo::Context& context, void* data, size_t count,
       context.createUnboundBuffer(all, bytes * size);
   std::unique_ptr<UnboundBuffer> send_buffer =
       context.createUnboundBuffer(mine, bytes);
-  const uint64_t slot = MakeSlot(kDirectAllReduceSlotPrefix, tag, 0);
+  const uint64_t slot =
+      MakeSlot(kDirectAllReduceSlotPrefix, tag, checked.salt());
   for (int r = 0; r < size; ++r) {
     if (r != rank) recv_buffer->recv(r, slot, r * bytes, bytes);
   }
+  // Sends wait for the check: on a mismatch no rank sends, so the posted
+  // receives (whose slot no other op uses) are simply never matched.
+  checked.Verify(timeout, kWhat);
   for (int r = 0; r < size; ++r) {
     if (r != rank) send_buffer->send(r, slot, 0, bytes);
   }
@@ -366,25 +437,36 @@ void DirectAllReduce(gloo::Context& context, void* data, size_t count,
 
 void DirectAllGather(gloo::Context& context, const void* input, size_t bytes,
                      void* output, uint32_t tag,
-                     std::chrono::milliseconds timeout) {
+                     std::chrono::milliseconds timeout,
+                     absl::string_view check) {
   constexpr char kWhat[] = "direct all-gather";
   const int rank = context.rank;
   const int size = context.size;
   char* const out = static_cast<char*>(output);
   if (bytes == 0) return;
-  std::memmove(out + rank * bytes, input, bytes);
-  if (size == 1) return;
+  if (size == 1) {
+    std::memmove(out + rank * bytes, input, bytes);
+    return;
+  }
+  CheckExchange checked(context, check, tag);
   std::unique_ptr<UnboundBuffer> buffer =
       context.createUnboundBuffer(out, bytes * size);
-  const uint64_t slot = MakeSlot(kDirectAllGatherSlotPrefix, tag, 0);
+  // Sent from the input itself, so that this rank's slot of the output is
+  // written only once the check has passed.
+  std::unique_ptr<UnboundBuffer> source = context.createUnboundBuffer(
+      const_cast<void*>(input), bytes);
+  const uint64_t slot =
+      MakeSlot(kDirectAllGatherSlotPrefix, tag, checked.salt());
   for (int r = 0; r < size; ++r) {
     if (r != rank) buffer->recv(r, slot, r * bytes, bytes);
   }
+  checked.Verify(timeout, kWhat);  // Before any send: see DirectAllReduce.
   for (int r = 0; r < size; ++r) {
-    if (r != rank) buffer->send(r, slot, rank * bytes, bytes);
+    if (r != rank) source->send(r, slot, 0, bytes);
   }
+  for (int r = 1; r < size; ++r) WaitSend(*source, timeout, kWhat);
+  std::memmove(out + rank * bytes, input, bytes);
   for (int r = 1; r < size; ++r) WaitRecv(*buffer, timeout, kWhat);
-  for (int r = 1; r < size; ++r) WaitSend(*buffer, timeout, kWhat);
 }
 
 }  // namespace cohort

@@ -8,6 +8,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+
+#include "absl/strings/string_view.h"
 
 #include "gloo/context.h"
 #include "worker/collective/dtype.h"
@@ -52,13 +55,34 @@ void RingAllReduce(gloo::Context& context, void* data, size_t count,
                    Dtype dtype, ReduceOp op, uint32_t tag,
                    std::chrono::milliseconds timeout);
 
+// Thrown by the Direct functions when `check` differs between ranks: the
+// message names the ranks and what they issued.
+class OpMismatch : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The Direct functions take an optional `check` (the op engine's
+// OpRun::check): when non-empty, every rank sends it to every other beside
+// its data, in the messages the op engine's own check exchange uses (so
+// ranks that check inside the op and ranks whose engine checks before it
+// understand each other), and compares them before it waits for any data
+// or writes any output; on a difference it throws OpMismatch. The data
+// receives are posted at once, under slots that carry a hash of `check` (so
+// a peer that issued another op never matches them), and the data is sent
+// once the check has passed: on a mismatch no rank sends anything, and
+// nothing of a wrong size is ever received. The check then costs no
+// exchange of its own: the names travel while the receives are posted,
+// and a send finds its receive already posted.
+
 // All-reduce in place for small buffers: every rank sends its buffer to
 // every other and reduces all of them in rank order. One message latency
 // instead of the ring's 2 (size - 1) dependent steps, for (size - 1) times
 // the buffer on the wire: use it where latency dominates.
 void DirectAllReduce(gloo::Context& context, void* data, size_t count,
                      Dtype dtype, ReduceOp op, uint32_t tag,
-                     std::chrono::milliseconds timeout);
+                     std::chrono::milliseconds timeout,
+                     absl::string_view check = {});
 
 // All-gather for small buffers: every rank sends its `bytes` of `input` to
 // every other, and writes rank r's at output + r * bytes. One message
@@ -66,7 +90,12 @@ void DirectAllReduce(gloo::Context& context, void* data, size_t count,
 // this rank's slot of `output`.
 void DirectAllGather(gloo::Context& context, const void* input, size_t bytes,
                      void* output, uint32_t tag,
-                     std::chrono::milliseconds timeout);
+                     std::chrono::milliseconds timeout,
+                     absl::string_view check = {});
+
+// The op engine's check exchange (OpEngine::Transport::AllGatherBytes) as
+// the Direct functions speak it: CheckBytes() per rank under `tag`.
+inline constexpr size_t kCheckBytes = 128;
 
 }  // namespace cohort
 

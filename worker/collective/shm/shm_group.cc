@@ -558,6 +558,9 @@ absl::Status ShmGroup::Run(const CollectiveOp& op, absl::string_view check) {
       status = ReduceScatter(op);
       break;
     case OpKind::kBarrier:
+      // Every op takes one round before its first barrier, so that ops
+      // that stop there (a failed check) leave every rank's rounds alike.
+      NextRound();
       status = Barrier();
       break;
   }
@@ -587,7 +590,8 @@ absl::Status ShmGroup::BroadcastFromLeader(const BufferView& data,
     const std::string note(leader_status.message().substr(0, kCheckBytes - 1));
     std::memcpy(me.note[parity], note.c_str(), note.size() + 1);
     if (!leader_status.ok()) {
-      // The others learn it at the barrier; nothing is copied.
+      // The others learn it at the first round's barrier; nothing is copied.
+      NextRound();
       absl::Status arrived = Barrier();
       return arrived.ok() ? leader_status : arrived;
     }

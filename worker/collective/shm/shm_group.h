@@ -145,7 +145,9 @@ class ShmGroup {
   // The largest aux any rank published for this op (after its first
   // barrier).
   uint64_t MaxAux() const;
-  // The next round: the slot half its data goes to.
+  // The next round: the slot half its data goes to. Every op takes its
+  // first round before its first barrier (where a failed check stops it),
+  // so all ranks always agree on the round.
   uint32_t NextRound() { return round_++; }
 
   absl::Status AllReduceOrReduce(const BufferView& data, ReduceOp op,
