@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <new>
@@ -88,6 +89,18 @@ int UsableCpus() {
   return std::max(1, CPU_COUNT(&set));
 }
 
+// options.spin if set; else $COHORT_SHM_SPIN_US if set; else 50 us when
+// the group's ranks fit on this process's CPUs, and none otherwise.
+absl::Duration DefaultSpin(absl::Duration configured, int size) {
+  if (configured >= absl::ZeroDuration()) return configured;
+  int64_t micros = 0;
+  if (const char* env = std::getenv("COHORT_SHM_SPIN_US");
+      env != nullptr && absl::SimpleAtoi(env, &micros) && micros >= 0) {
+    return absl::Microseconds(micros);
+  }
+  return size <= UsableCpus() ? absl::Microseconds(50) : absl::ZeroDuration();
+}
+
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -156,9 +169,7 @@ ShmGroup::ShmGroup(int rank, int size, const ShmGroupOptions& options,
       options_(options),
       base_(base),
       bytes_(bytes),
-      spin_(options.spin >= absl::ZeroDuration() ? options.spin
-            : size <= UsableCpus()               ? absl::Microseconds(50)
-                                                 : absl::ZeroDuration()) {}
+      spin_(DefaultSpin(options.spin, size)) {}
 
 ShmGroup::~ShmGroup() { munmap(base_, bytes_); }
 

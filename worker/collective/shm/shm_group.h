@@ -63,8 +63,9 @@ struct ShmGroupOptions {
   // A round moves at most this much per rank, so larger slots mean fewer
   // barriers per byte.
   size_t slot_bytes = size_t{1} << 20;
-  // How long a barrier spins before it sleeps. Negative: 50 us when the
-  // group's ranks fit on the CPUs this process may run on, else none.
+  // How long a barrier spins before it sleeps. Negative: $COHORT_SHM_SPIN_US
+  // if set, else 50 us when the group's ranks fit on the CPUs this process
+  // may run on, else none.
   absl::Duration spin = absl::Microseconds(-1);
   // The number of each local rank in the enclosing group, for messages
   // ("rank 5 (pid 123) exited"). Empty: local ranks are the group's ranks.
