@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
@@ -26,6 +27,11 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
     std::unique_ptr<store::KvStore> store, const ServerOptions& options) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // gRPC's built-in health service is written without protobuf, so its
+  // descriptor is in no pool reflection reads: clients that resolve methods
+  // by reflection (grpcurl, buf curl) could list grpc.health.v1.Health but
+  // not call it. Linking the generated health.proto puts it in the pool.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
 
   std::unique_ptr<CohortServer> server(new CohortServer());
   server->store_ = std::move(store);

@@ -26,6 +26,9 @@ packages+=(libtorch-dev pybind11-dev python3-dev)
 if [[ "${COHORT_WITH_FUZZ:-0}" == 1 ]]; then
   packages+=(clang libclang-rt-14-dev llvm)
 fi
+# npm installs buf (below), the third-party gRPC client the reflection test
+# drives cohortd with: Debian's, unless the machine has an npm already.
+command -v npm >/dev/null || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -34,15 +37,26 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if ((${#missing[@]} == 0)); then
-  echo "setup: all ${#packages[@]} packages already installed"
-  exit 0
-fi
-
 sudo_cmd=()
 if [[ $(id -u) != 0 ]]; then sudo_cmd=(sudo); fi
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#packages[@]} packages already installed"
+else
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# buf (npm's @bufbuild/buf, whose package carries its prebuilt binary):
+# `buf curl` calls cohortd through server reflection in
+# tests/buf_curl_test.sh. Pinned, in a folder of its own that the test knows.
+tools=/usr/local/lib/cohort-tools
+buf_version=1.75.0
+if [[ "$("$tools/node_modules/.bin/buf" --version 2>/dev/null)" != "$buf_version" ]]; then
+  echo "setup: installing buf $buf_version into $tools"
+  "${sudo_cmd[@]}" mkdir -p "$tools"
+  "${sudo_cmd[@]}" npm install --prefix "$tools" --no-audit --no-fund --silent \
+    "@bufbuild/buf@$buf_version" >/dev/null
+fi
 echo "setup: done"
