@@ -517,7 +517,9 @@ TEST_P(KvStoreTest, HugeWaitTimesOutOnTimeWhileSetsGoOn) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(r.status().message(), HasSubstr("131072 of 131072 keys"));
   EXPECT_LT(took, absl::Seconds(10));
-  EXPECT_LT(slowest_set, absl::Seconds(1));
+  // The bug this guards against held the lock for minutes; TSan on a busy
+  // 2-core machine has taken 1.15 s for one set here.
+  EXPECT_LT(slowest_set, absl::Seconds(3));
 }
 
 TEST_P(KvStoreTest, WatchFromCompactedRevisionIsOutOfRange) {
