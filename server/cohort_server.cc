@@ -89,6 +89,8 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
     auto tcpstore = TcpStoreServer::Start(
         server->store_.get(), {.listen = options.tcpstore_listen,
                                .max_connections = options.max_connections,
+                               .allow = options.tcpstore_allow,
+                               .prefix = options.tcpstore_prefix,
                                .log = options.log});
     if (!tcpstore.ok()) return tcpstore.status();
     server->tcpstore_ = std::move(*tcpstore);

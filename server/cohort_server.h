@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -31,6 +32,9 @@ struct ServerOptions {
   // HOST:PORT for PyTorch's TCPStore protocol (tcpstore_server.h); empty
   // serves none. cohortd's flag defaults to 0.0.0.0:29400.
   std::string tcpstore_listen;
+  // TcpStoreServerOptions::allow and ::prefix: the listener's access policy.
+  std::vector<std::string> tcpstore_allow;
+  std::string tcpstore_prefix;
   StoreServiceOptions store_service;
   // Connections open at once; more are refused with a GOAWAY saying so.
   size_t max_connections = 16384;

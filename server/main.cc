@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -30,6 +31,16 @@ ABSL_FLAG(std::string, tcpstore_listen, "0.0.0.0:29400",
           "HOST:PORT to serve PyTorch's TCPStore protocol on (torch clients "
           "and torchrun --rdzv_backend=c10d); 29400 is torchrun's default "
           "c10d port; empty turns it off");
+ABSL_FLAG(std::vector<std::string>, tcpstore_allow, {},
+          "comma-separated peer networks (CIDR, as 10.0.0.0/8,fd00::/8, or "
+          "single addresses) whose TCPStore connections are served; others "
+          "are closed at once and logged. Empty: every peer. The protocol "
+          "has no credentials: this, the bind address and --tcpstore_prefix "
+          "are its access control");
+ABSL_FLAG(std::string, tcpstore_prefix, "",
+          "every TCPStore connection's keys live under this prefix (a "
+          "namespace hello's namespace comes after it), so the listener can "
+          "reach nothing else of the store; empty: the whole store");
 ABSL_FLAG(std::string, data_dir, "./cohort-data",
           "folder holding the RocksDB database (--engine=rocksdb)");
 ABSL_FLAG(std::string, engine, "rocksdb",
@@ -181,6 +192,8 @@ int main(int argc, char** argv) {
   cohort::server::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.tcpstore_listen = absl::GetFlag(FLAGS_tcpstore_listen);
+  options.tcpstore_allow = absl::GetFlag(FLAGS_tcpstore_allow);
+  options.tcpstore_prefix = absl::GetFlag(FLAGS_tcpstore_prefix);
   options.max_connections = RaiseFdLimit(absl::GetFlag(FLAGS_max_connections));
   options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);
   options.log = [](absl::string_view line) { Log(std::string(line)); };

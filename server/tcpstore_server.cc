@@ -8,6 +8,7 @@
 #include <uv.h>
 
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -17,6 +18,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -105,6 +107,71 @@ Request InNamespace(absl::string_view name_space, const Request& r,
   return out;
 }
 
+// A peer network of TcpStoreServerOptions::allow: an address family, its
+// address bytes and a prefix length.
+struct Network {
+  int family = AF_INET;
+  unsigned char bytes[16] = {};
+  int bits = 0;
+
+  bool Contains(int peer_family, const unsigned char* peer) const {
+    if (peer_family != family) return false;
+    const int whole = bits / 8;
+    if (std::memcmp(bytes, peer, whole) != 0) return false;
+    const int rest = bits % 8;
+    if (rest == 0) return true;
+    const unsigned char mask = static_cast<unsigned char>(0xff << (8 - rest));
+    return (bytes[whole] & mask) == (peer[whole] & mask);
+  }
+};
+
+// "A.B.C.D[/N]" or "X:Y::Z[/N]"; a bare address is one host.
+absl::StatusOr<Network> ParseNetwork(absl::string_view text) {
+  Network n;
+  const size_t slash = text.find('/');
+  const std::string address(text.substr(0, slash));
+  const int max_bits = address.find(':') == std::string::npos ? 32 : 128;
+  n.family = max_bits == 32 ? AF_INET : AF_INET6;
+  n.bits = max_bits;
+  if (inet_pton(n.family, address.c_str(), n.bytes) != 1 ||
+      (slash != absl::string_view::npos &&
+       (!absl::SimpleAtoi(text.substr(slash + 1), &n.bits) || n.bits < 0 ||
+        n.bits > max_bits))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TCPStore allow list: '", text,
+        "' is not a network: use ADDRESS or ADDRESS/BITS, as 10.0.0.0/8, "
+        "127.0.0.1 or fd00::/8"));
+  }
+  return n;
+}
+
+// The peer's family and address bytes, IPv4-mapped IPv6 addresses (a
+// dual-stack listener's IPv4 peers) as IPv4.
+bool PeerAddress(const uv_tcp_t* tcp, int* family, unsigned char bytes[16]) {
+  struct sockaddr_storage addr = {};
+  int len = sizeof(addr);
+  if (uv_tcp_getpeername(tcp, reinterpret_cast<struct sockaddr*>(&addr),
+                         &len) != 0) {
+    return false;
+  }
+  if (addr.ss_family == AF_INET) {
+    *family = AF_INET;
+    std::memcpy(bytes,
+                &reinterpret_cast<const struct sockaddr_in*>(&addr)->sin_addr,
+                4);
+    return true;
+  }
+  const auto* a6 = reinterpret_cast<const struct sockaddr_in6*>(&addr);
+  if (IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr)) {
+    *family = AF_INET;
+    std::memcpy(bytes, a6->sin6_addr.s6_addr + 12, 4);
+  } else {
+    *family = AF_INET6;
+    std::memcpy(bytes, a6->sin6_addr.s6_addr, 16);
+  }
+  return true;
+}
+
 }  // namespace
 
 class TcpStoreServer::Loop {
@@ -190,6 +257,7 @@ class TcpStoreServer::Loop {
     s.blocked = blocked_.load();
     s.accepted = accepted_.load();
     s.closed_bad_input = closed_bad_input_.load();
+    s.refused_not_allowed = refused_not_allowed_.load();
     s.requests = requests_.load();
     return s;
   }
@@ -338,12 +406,32 @@ class TcpStoreServer::Loop {
       uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), &Loop::OnClosed);
       return;
     }
+    if (!Allowed(c->tcp)) {
+      ++refused_not_allowed_;
+      log_.Log(absl::StrCat("refusing TCPStore connection from ",
+                            PeerName(&c->tcp),
+                            ": not in the allowed networks (--tcpstore_allow)"));
+      uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), &Loop::OnClosed);
+      return;
+    }
     uv_tcp_nodelay(&c->tcp, 1);
     c->peer = PeerName(&c->tcp);
+    c->name_space = options_.prefix;
     c->id = next_conn_id_++;
     conns_.emplace(c->id, c);
     connections_ = conns_.size();
     UpdateReading(*c);
+  }
+
+  bool Allowed(const uv_tcp_t& tcp) const {
+    if (networks_.empty()) return true;
+    int family = 0;
+    unsigned char bytes[16] = {};
+    if (!PeerAddress(&tcp, &family, bytes)) return false;
+    for (const Network& n : networks_) {
+      if (n.Contains(family, bytes)) return true;
+    }
+    return false;
   }
 
   Conn* Find(uint64_t id) {
@@ -532,7 +620,7 @@ class TcpStoreServer::Loop {
                 /*bad_input=*/true);
           break;
         }
-        c.name_space = std::string(name_space);
+        c.name_space = absl::StrCat(options_.prefix, name_space);
         c.greeted = true;
         pos += hello.size;
         continue;
@@ -1042,17 +1130,36 @@ class TcpStoreServer::Loop {
   std::atomic<size_t> blocked_{0};
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> closed_bad_input_{0};
+  std::atomic<uint64_t> refused_not_allowed_{0};
   std::atomic<uint64_t> requests_{0};
+
+ public:
+  // TcpStoreServerOptions::allow, parsed (by Start, before the loop runs).
+  std::vector<Network> networks_;
 };
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     store::KvStore* store, TcpStoreServerOptions options) {
+  std::vector<Network> networks;
+  for (const std::string& text : options.allow) {
+    absl::StatusOr<Network> n = ParseNetwork(text);
+    if (!n.ok()) return n.status();
+    networks.push_back(*n);
+  }
+  if (!options.prefix.empty()) {
+    if (absl::Status s = c10d::CheckClientWrite(options.prefix + "x"); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TCPStore prefix '", options.prefix,
+                       "' is inside cohortd's reserved namespace: ", s.message()));
+    }
+  }
   int port = 0;
   absl::StatusOr<int> fd = ListenExclusive(options.listen, &port);
   if (!fd.ok()) return fd.status();
   std::unique_ptr<TcpStoreServer> server(new TcpStoreServer);
   server->port_ = port;
   server->loop_ = std::make_unique<Loop>(store, std::move(options));
+  server->loop_->networks_ = std::move(networks);
   if (absl::Status s = server->loop_->Start(*fd); !s.ok()) return s;
   return server;
 }

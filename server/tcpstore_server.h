@@ -40,6 +40,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -63,6 +64,16 @@ struct TcpStoreServerOptions {
   // How long the loop thread keeps polling, instead of sleeping, after a
   // request arrives (yielding the CPU between polls). 0: always sleep.
   absl::Duration spin_after_activity = absl::Microseconds(50);
+  // Peer networks allowed to connect ("10.0.0.0/8", "127.0.0.1",
+  // "fd00::/8"): a connection from anywhere else is closed as soon as it is
+  // accepted, and counted and logged. Empty: every peer. The protocol
+  // carries no credentials, so this and `prefix` are its access control.
+  std::vector<std::string> allow;
+  // Every connection's keys live under this prefix (a namespace hello's
+  // namespace comes after it): such a listener can reach nothing else of
+  // the store. Empty: the whole store. Must not be in cohortd's reserved
+  // namespace.
+  std::string prefix;
   // Where refused connections and bad input are reported: at most one
   // line per log_every, with a count of the lines left out.
   std::function<void(absl::string_view)> log;
@@ -74,13 +85,15 @@ struct TcpStoreServerStats {
   size_t blocked = 0;      // Connections waiting in WAIT or BARRIER.
   uint64_t accepted = 0;   // Since start.
   uint64_t closed_bad_input = 0;
+  uint64_t refused_not_allowed = 0;  // Peers outside `allow`.
   uint64_t requests = 0;
 };
 
 class TcpStoreServer {
  public:
   // Binds `options.listen` exclusively and starts the loop thread. `store`
-  // must outlive the server. UNAVAILABLE naming the address if it is taken.
+  // must outlive the server. UNAVAILABLE naming the address if it is taken;
+  // INVALID_ARGUMENT naming a bad `allow` entry or `prefix`.
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
       store::KvStore* store, TcpStoreServerOptions options);
 

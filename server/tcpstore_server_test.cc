@@ -523,6 +523,113 @@ TEST_F(TcpStoreServerTest, WritesToTheReservedNamespaceCloseTheConnection) {
 // Two jobs whose clients name the same keys, each bound to its namespace
 // by a hello, and a connection without one: every query sees only its own
 // namespace's keys.
+// The listener's access policy, which has no credentials to go on: the
+// peer's network and a prefix every connection is confined to.
+class TcpStoreServerPolicyTest : public ::testing::Test {
+ protected:
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
+      std::vector<std::string> allow, std::string prefix = "") {
+    return TcpStoreServer::Start(store_.get(),
+                                 {.listen = "127.0.0.1:0",
+                                  .allow = std::move(allow),
+                                  .prefix = std::move(prefix),
+                                  .log =
+                                      [this](absl::string_view line) {
+                                        absl::MutexLock lock(&mu_);
+                                        log_.emplace_back(line);
+                                      },
+                                  .log_every = absl::ZeroDuration()});
+  }
+  // Sends VALIDATE and a PING on `w`; whether the PING was echoed.
+  static bool Pings(Wire& w) {
+    Request v = Q(Op::kValidate);
+    v.word = tcpstore::kValidateMagic;
+    w.Send(Dialect::kTorch21, v);
+    Request ping = Q(Op::kPing);
+    ping.word = 77;
+    w.Send(Dialect::kTorch21, ping);
+    return w.Read(4, absl::Seconds(2)).has_value();
+  }
+  bool Logged(absl::string_view what) {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& line : log_) {
+      if (absl::StrContains(line, what)) return true;
+    }
+    return false;
+  }
+
+  std::unique_ptr<store::KvStore> store_ = std::make_unique<store::KvStore>(
+      store::NewMemoryEngine(), store::StoreLimits());
+  absl::Mutex mu_;
+  std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(TcpStoreServerPolicyTest, OnlyAllowedNetworksGetServed) {
+  auto elsewhere = Start({"10.0.0.0/8", "fd00::/8", "192.168.1.7"});
+  ASSERT_TRUE(elsewhere.ok()) << elsewhere.status();
+  Wire refused((*elsewhere)->port());
+  ASSERT_TRUE(refused.connected());
+  EXPECT_FALSE(Pings(refused));
+  EXPECT_TRUE(refused.Closed());
+  EXPECT_EQ((*elsewhere)->stats().refused_not_allowed, 1u);
+  EXPECT_EQ((*elsewhere)->stats().connections, 0u);
+  EXPECT_TRUE(Logged("not in the allowed networks (--tcpstore_allow)"));
+
+  auto loopback = Start({"10.0.0.0/8", "127.0.0.0/8"});
+  ASSERT_TRUE(loopback.ok()) << loopback.status();
+  Wire served((*loopback)->port());
+  EXPECT_TRUE(Pings(served));
+  EXPECT_EQ((*loopback)->stats().refused_not_allowed, 0u);
+  auto host = Start({"127.0.0.1"});
+  ASSERT_TRUE(host.ok()) << host.status();
+  Wire one_host((*host)->port());
+  EXPECT_TRUE(Pings(one_host));
+}
+
+TEST_F(TcpStoreServerPolicyTest, ThePrefixConfinesEveryConnection) {
+  ASSERT_TRUE(store_->Set("/outside", "x").ok());
+  auto server = Start({}, "/jobs/a/");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const Dialect d = Dialect::kTorch21;
+  Wire plain((*server)->port());
+  ASSERT_TRUE(Pings(plain));
+  plain.Send(d, Q(Op::kSet, "/k", "v"));
+  plain.Send(d, Keys(Op::kCheck, {"/outside"}));
+  EXPECT_EQ(plain.U8(), 1);  // Out of its reach: NOT_READY.
+  plain.Send(d, Keys(Op::kCheck, {"/k"}));
+  EXPECT_EQ(plain.U8(), 0);
+  plain.Send(d, Q(Op::kNumKeys));
+  EXPECT_EQ(plain.I64(), 1);  // Its own key only, not "/outside".
+  EXPECT_EQ(*store_->TryGet("/jobs/a//k"), std::optional<std::string>("v"));
+
+  // A namespace hello narrows it further, under the prefix.
+  Wire named((*server)->port());
+  std::string hello;
+  tcpstore::EncodeNamespaceHello("/run/1/", &hello);
+  Request v = Q(Op::kValidate);
+  v.word = tcpstore::kValidateMagic;
+  tcpstore::EncodeRequest(d, v, &hello);
+  named.Send(hello);
+  named.Send(d, Q(Op::kSet, "/k", "w"));
+  named.Send(d, Q(Op::kNumKeys));
+  EXPECT_EQ(named.I64(), 1);
+  EXPECT_EQ(*store_->TryGet("/jobs/a//run/1//k"),
+            std::optional<std::string>("w"));
+  EXPECT_EQ(*store_->TryGet("/outside"), std::optional<std::string>("x"));
+}
+
+TEST_F(TcpStoreServerPolicyTest, ABadPolicyIsRefusedAtStart) {
+  for (const char* bad : {"10.0.0.0/33", "nonsense", "10.0.0/8", "::1/129"}) {
+    auto s = Start({bad});
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(s.status().message(), bad)) << s.status();
+  }
+  auto reserved = Start({}, "/cohort/runs/");
+  EXPECT_EQ(reserved.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(reserved.status().message(), "reserved"))
+      << reserved.status();
+}
+
 TEST_F(TcpStoreServerTest, NamespacedConnectionsSeeOnlyTheirKeys) {
   const Dialect d = Dialect::kTorch21;
   ASSERT_TRUE(store_->Set("/k", "outside").ok());
