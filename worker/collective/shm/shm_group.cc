@@ -270,12 +270,24 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(
     absl::Status all = [&]() -> absl::Status {
       group->control(0).pid.store(getpid());
       group->header().attached.fetch_add(1);
+      const std::string failed_key = absl::StrCat(key, "/failed");
       while (true) {
         const uint32_t seen = group->header().attached.load();
         if (seen >= static_cast<uint32_t>(size)) return absl::OkStatus();
         const absl::Duration left = deadline - absl::Now();
         if (left <= absl::ZeroDuration()) break;
         FutexWait(&group->header().attached, seen, std::min(left, kSlice));
+        if (group->header().attached.load() >= static_cast<uint32_t>(size)) {
+          continue;
+        }
+        // Slower than a slice: has a rank said it cannot map it?
+        absl::StatusOr<bool> failed = store.Check({failed_key});
+        if (failed.ok() && *failed) {
+          absl::StatusOr<std::string> why = store.Get(failed_key, kSlice);
+          return absl::UnavailableError(absl::StrCat(
+              "shared-memory segment ", name, ": a rank could not map it: ",
+              why.ok() ? *why : why.status().ToString()));
+        }
       }
       std::vector<int> missing;
       for (int r = 0; r < size; ++r) {
@@ -309,36 +321,55 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(
   }
   if (absl::StartsWith(*value, "!")) return SetupFailure(value->substr(1));
   name = *value;
-  fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot open local rank 0's shared-memory segment ", name,
-                     ": ", strerror(errno),
-                     " (local rank 0 gave up waiting, or another user's?)"));
-  }
-  struct stat st = {};
-  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != total) {
+  // A rank that cannot map the segment says why under `key`/failed, so that
+  // local rank 0 stops waiting for it at once, and names it.
+  auto mapped = [&]() -> absl::StatusOr<std::unique_ptr<ShmGroup>> {
+    fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot open local rank 0's shared-memory segment ", name, ": ",
+          strerror(errno),
+          " (local rank 0 gave up waiting, or this rank sees another "
+          "/dev/shm, as a separate container would?)"));
+    }
+    struct stat st = {};
+    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != total) {
+      close(fd);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shared-memory segment ", name, " has ", st.st_size,
+          " bytes, expected ", total,
+          ": the local ranks disagree on the group's size or slot size"));
+    }
+    void* base =
+        mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shared-memory segment ", name, " has ", st.st_size,
-        " bytes, expected ", total,
-        ": the local ranks disagree on the group's size or slot size"));
+    if (base == MAP_FAILED) {
+      return absl::UnavailableError(
+          absl::StrCat("mmap of ", name, ": ", strerror(errno)));
+    }
+    auto group = std::unique_ptr<ShmGroup>(
+        new ShmGroup(rank, size, options, base, total));
+    const Header& h = group->header();
+    if (h.magic != kMagic || h.size != static_cast<uint32_t>(size) ||
+        h.slot_bytes != options.slot_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shared-memory segment ", name, " is not this group's (", h.size,
+          " ranks, slots of ", h.slot_bytes, " bytes)"));
+    }
+    return group;
+  }();
+  if (!mapped.ok()) {
+    store
+        .Set(absl::StrCat(key, "/failed"),
+             absl::StrCat("rank ",
+                          options.group_ranks.empty() ? rank
+                                                      : options.group_ranks[rank],
+                          ": ", mapped.status().ToString()))
+        .IgnoreError();
+    return mapped.status();
   }
-  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (base == MAP_FAILED) {
-    return absl::UnavailableError(
-        absl::StrCat("mmap of ", name, ": ", strerror(errno)));
-  }
-  auto group =
-      std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, options, base, total));
+  auto group = std::move(*mapped);
   Header& h = group->header();
-  if (h.magic != kMagic || h.size != static_cast<uint32_t>(size) ||
-      h.slot_bytes != options.slot_bytes) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shared-memory segment ", name, " is not this group's (", h.size,
-        " ranks, slots of ", h.slot_bytes, " bytes)"));
-  }
   group->control(rank).pid.store(getpid());
   h.attached.fetch_add(1);
   FutexWake(&h.attached);

@@ -366,6 +366,32 @@ TEST(ShmGroupFaults, CreationNamesTheRankThatNeverCameAndLeavesNoName) {
   ExpectAllOk(statuses);
 }
 
+TEST(ShmGroupFaults, ARankThatCannotMapTheSegmentIsNamedAtOnce) {
+  ExpectAllOk(Fork(2, [](const Local& l) -> absl::Status {
+    // Rank 1 expects slots of another size: the segment is not what it
+    // computes, so it cannot map it.
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::unique_ptr<ShmGroup>> g =
+        Join(l, absl::Seconds(60), l.rank == 0 ? 4096 : 8192);
+    const absl::Duration took = absl::Now() - start;
+    const std::string want = l.rank == 0 ? "a rank could not map it: rank 1"
+                                         : "disagree on the group's size";
+    if (g.ok() || !absl::StrContains(g.status().message(), want)) {
+      return absl::InternalError(
+          absl::StrCat("want an error with '", want, "', got ",
+                       g.ok() ? "OK" : g.status().ToString()));
+    }
+    // Local rank 0 did not wait out its 60 s for rank 1.
+    if (took > absl::Seconds(10)) {
+      return absl::InternalError(absl::StrCat("took ", absl::FormatDuration(took)));
+    }
+    if (l.rank == 0 && !NamesOf(getpid()).empty()) {
+      return absl::InternalError("the name was left in /dev/shm");
+    }
+    return absl::OkStatus();
+  }));
+}
+
 TEST(ShmGroupFaults, StaleNamesOfDeadCreatorsAreRemoved) {
   const pid_t dead = fork();
   if (dead == 0) _exit(0);
