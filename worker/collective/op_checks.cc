@@ -1,8 +1,11 @@
 #include "worker/collective/op_checks.h"
 
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace cohort {
 namespace {
@@ -196,6 +199,19 @@ absl::Status CheckPointToPoint(const GroupShape& group, absl::string_view op,
                      group.size, ", and this is rank ", group.rank));
   }
   return status;
+}
+
+absl::Status CheckSameOp(absl::string_view mine,
+                         absl::Span<const RankOp> ranks) {
+  std::vector<std::string> differences;
+  for (const RankOp& r : ranks) {
+    if (!r.name.empty() && r.name != mine) {
+      differences.push_back(absl::StrCat("rank ", r.rank, " issued '", r.name, "'"));
+    }
+  }
+  if (differences.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the ranks issued different ops: ", absl::StrJoin(differences, ", ")));
 }
 
 }  // namespace cohort

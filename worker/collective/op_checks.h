@@ -6,6 +6,7 @@
 #define COHORT_WORKER_COLLECTIVE_OP_CHECKS_H_
 
 #include <cstddef>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -49,6 +50,17 @@ absl::Status CheckAllToAllV(const GroupShape& group, const BufferView& input,
                             absl::Span<const size_t> send_counts,
                             const BufferView& output,
                             absl::Span<const size_t> recv_counts);
+// verify_ops' verdict, worded the same by every transport that compares
+// op names: INVALID_ARGUMENT naming each rank whose op (a CollectiveOp
+// name) differs from `mine`, or OK. An empty name (a rank that publishes
+// none) is not compared.
+struct RankOp {
+  int rank;
+  std::string name;
+};
+absl::Status CheckSameOp(absl::string_view mine,
+                         absl::Span<const RankOp> ranks);
+
 // Send and Recv: `op` names the call ("Send to rank 3 with tag 7").
 absl::Status CheckPointToPoint(const GroupShape& group, absl::string_view op,
                                const BufferView& buffer, int peer);

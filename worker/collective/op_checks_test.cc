@@ -92,5 +92,17 @@ TEST(OpChecksTest, VariableCounts) {
       IsInvalid("a multiple of the group's size 4"));
 }
 
+TEST(CheckSameOpTest, NamesEveryRankThatIssuedAnotherOpAndSkipsEmptyNames) {
+  EXPECT_TRUE(CheckSameOp("Barrier", {{0, "Barrier"}, {1, ""}}).ok());
+  absl::Status s = CheckSameOp("AllReduce SUM of 4 f32",
+                               {{0, "AllReduce SUM of 4 f32"},
+                                {3, "Barrier"},
+                                {5, "AllReduce SUM of 8 f32"}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "the ranks issued different ops: rank 3 issued 'Barrier', rank 5 "
+            "issued 'AllReduce SUM of 8 f32'");
+}
+
 }  // namespace
 }  // namespace cohort

@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "worker/collective/reduce.h"
 
 namespace cohort {
@@ -164,16 +163,11 @@ absl::Status OpEngine::CheckSameOpEverywhere(const QueuedOp& op) {
   absl::Status exchanged = transport_->AllGatherBytes(mine.data(), kNameBytes,
                                                       all.data(), op.tag + 1);
   if (!exchanged.ok()) return exchanged;
-  std::vector<std::string> differences;
+  std::vector<RankOp> ranks;
   for (int r = 0; r < size_; ++r) {
-    const std::string theirs(all.data() + r * kNameBytes);
-    if (theirs != mine.data()) {
-      differences.push_back(absl::StrCat("rank ", r, " issued '", theirs, "'"));
-    }
+    ranks.push_back({r, std::string(all.data() + r * kNameBytes)});
   }
-  if (differences.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "the ranks issued different ops: ", absl::StrJoin(differences, ", ")));
+  return CheckSameOp(mine.data(), ranks);
 }
 
 absl::Status OpEngine::RunOnHost(const CollectiveOp& op, const OpRun& run,

@@ -8,6 +8,7 @@
 
 #include "gloo/common/error.h"
 #include "gloo/transport/unbound_buffer.h"
+#include "worker/collective/op_checks.h"
 #include "worker/collective/reduce.h"
 
 namespace cohort {
@@ -117,18 +118,15 @@ class CheckExchange {
         throw gloo::IoException(std::string(what) + ": check send aborted");
       }
     }
-    std::string differences;
+    std::vector<RankOp> ranks;
     for (int r = 0; r < context_.size; ++r) {
-      const std::string theirs(all_.data() + r * kCheckBytes,
-                               strnlen(all_.data() + r * kCheckBytes,
-                                       kCheckBytes));
-      if (r == context_.rank || theirs == mine_.data()) continue;
-      differences += (differences.empty() ? "" : ", ");
-      differences += "rank " + std::to_string(r) + " issued '" + theirs + "'";
+      const char* theirs = all_.data() + r * kCheckBytes;
+      if (r != context_.rank) {
+        ranks.push_back({r, std::string(theirs, strnlen(theirs, kCheckBytes))});
+      }
     }
-    if (!differences.empty()) {
-      throw OpMismatch("the ranks issued different ops: " + differences);
-    }
+    absl::Status same = CheckSameOp(mine_.data(), ranks);
+    if (!same.ok()) throw OpMismatch(std::string(same.message()));
   }
 
  private:

@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "worker/collective/op_checks.h"
 #include "worker/collective/reduce.h"
 
 namespace cohort {
@@ -126,11 +127,6 @@ std::pair<size_t, size_t> Portion(size_t count, size_t element, int q,
 // data()), which memcpy itself does not.
 inline void CopyBytes(void* to, const void* from, size_t n) {
   if (n > 0) std::memcpy(to, from, n);
-}
-
-std::string Quoted(const char* text) {
-  return absl::StrCat("'", absl::string_view(text, strnlen(text, kCheckBytes)),
-                      "'");
 }
 
 }  // namespace
@@ -532,18 +528,13 @@ absl::Status ShmGroup::AwaitPeer(int peer, uint32_t generation) {
 
 absl::Status ShmGroup::CompareChecks() {
   const uint32_t parity = (ops_ - 1) & 1;
-  const char* mine = control(rank_).check[parity];
-  std::vector<std::string> differences;
-  for (int q = 0; q < size_; ++q) {
-    const char* theirs = control(q).check[parity];
-    if (theirs[0] != '\0' && strncmp(theirs, mine, kCheckBytes) != 0) {
-      differences.push_back(
-          absl::StrCat("rank ", GroupRank(q), " issued ", Quoted(theirs)));
-    }
-  }
-  if (differences.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "the ranks issued different ops: ", absl::StrJoin(differences, ", ")));
+  auto name = [&](int q) {
+    const char* check = control(q).check[parity];
+    return std::string(check, strnlen(check, kCheckBytes));
+  };
+  std::vector<RankOp> ranks;
+  for (int q = 0; q < size_; ++q) ranks.push_back({GroupRank(q), name(q)});
+  return CheckSameOp(name(rank_), ranks);
 }
 
 uint64_t ShmGroup::MaxAux() const {
