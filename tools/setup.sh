@@ -14,6 +14,10 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libeigen3-dev libopenblas-dev
 )
+# prometheus-cpp: cohortd's /metrics (--metrics_listen); prometheus brings
+# promtool, which lints a live scrape in tests/promtool_test.sh. OpenSSL:
+# checking certificates at start and hashing tokens.
+packages+=(prometheus-cpp-dev prometheus libssl-dev openssl)
 # PyTorch 1.13 (run as /usr/bin/python3): the real TCPStore client, DDP and
 # torchrun that the interop tests drive against cohortd, and the baselines
 # the benchmarks compare with.
@@ -48,10 +52,21 @@ else
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+tools=/usr/local/lib/cohort-tools
+# kubernetes-models and yaml (npm): deploy/validate.js checks every rendered
+# kustomize overlay against Kubernetes' schemas, offline.
+models_version=5.1.0
+if [[ ! -f "$tools/node_modules/kubernetes-models/package.json" ]] ||
+   ! grep -q "\"version\": \"$models_version\"" "$tools/node_modules/kubernetes-models/package.json"; then
+  echo "setup: installing kubernetes-models $models_version into $tools"
+  "${sudo_cmd[@]}" mkdir -p "$tools"
+  "${sudo_cmd[@]}" npm install --prefix "$tools" --no-audit --no-fund --silent \
+    "kubernetes-models@$models_version" "@kubernetes-models/validate@5.0.2" "yaml@2.9.1" >/dev/null
+fi
+
 # buf (npm's @bufbuild/buf, whose package carries its prebuilt binary):
 # `buf curl` calls cohortd through server reflection in
 # tests/buf_curl_test.sh. Pinned, in a folder of its own that the test knows.
-tools=/usr/local/lib/cohort-tools
 buf_version=1.75.0
 if [[ "$("$tools/node_modules/.bin/buf" --version 2>/dev/null)" != "$buf_version" ]]; then
   echo "setup: installing buf $buf_version into $tools"
