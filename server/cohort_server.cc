@@ -35,32 +35,66 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
 
   std::unique_ptr<CohortServer> server(new CohortServer());
   server->store_ = std::move(store);
-  server->service_ = std::make_unique<StoreService>(server->store_.get(),
-                                                    options.store_service);
+  server->log_ = options.log;
+  server->tls_ = options.tls;
+  if (options.tls.enabled() || !options.tls.client_ca_file.empty()) {
+    absl::StatusOr<TlsFilesInfo> tls = CheckTlsFiles(options.tls);
+    if (!tls.ok()) return tls.status();
+    if (options.log) {
+      options.log(absl::StrCat(
+          "tls: serving certificate ", tls->subject, " (valid until ",
+          absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", tls->not_after,
+                           absl::UTCTimeZone()),
+          ")",
+          tls->client_cas > 0
+              ? absl::StrCat("; clients need a certificate signed by ",
+                             options.tls.client_ca_file, " (mTLS)")
+              : std::string()));
+    }
+  }
+  if (!options.auth_tokens.empty()) {
+    auto auth = Authenticator::Start({.tokens_file = options.auth_tokens,
+                                      .store = server->store_.get(),
+                                      .log = options.log});
+    if (!auth.ok()) return auth.status();
+    server->auth_ = std::move(*auth);
+  }
+  StoreServiceOptions store_options = options.store_service;
+  store_options.auth = server->auth_.get();
+  server->auth_service_ = std::make_unique<AuthService>(server->auth_.get());
+  server->service_ =
+      std::make_unique<StoreService>(server->store_.get(), store_options);
   server->membership_ = std::make_unique<Membership>(server->store_.get());
   server->rendezvous_ = std::make_unique<Rendezvous>(server->store_.get());
   server->rendezvous_service_ =
-      std::make_unique<RendezvousService>(server->rendezvous_.get());
+      std::make_unique<RendezvousService>(server->rendezvous_.get(),
+                                          server->auth_.get());
   server->membership_service_ = std::make_unique<MembershipService>(
       server->membership_.get(), server->store_.get(),
-      options.store_service.watch_buffer_bytes);
+      options.store_service.watch_buffer_bytes, server->auth_.get());
 
   const store::StoreLimits& limits = server->store_->limits();
   // Room for the largest single value plus its key and framing; multi-key
   // calls may carry up to 64 MiB.
   const size_t max_message = std::max<size_t>(
       64 << 20, limits.max_value_bytes + limits.max_key_bytes + (1 << 20));
-  server->log_ = options.log;
-  auto listener = Listener::Bind(
-      options.listen,
-      {.max_connections = options.max_connections, .log = options.log});
-  if (!listener.ok()) return listener.status();
-  server->listener_ = std::move(*listener);
-  server->port_ = server->listener_->port();
-
   grpc::ServerBuilder builder;
-  // Connections come only from the Listener; gRPC opens no port itself.
+  if (options.tls.enabled()) {
+    // gRPC adopts only plaintext sockets, so with TLS it binds the port.
+    builder.AddListeningPort(options.listen,
+                             TlsServerCredentials(options.tls),
+                             &server->port_);
+  } else {
+    // Connections come only from the Listener; gRPC opens no port itself.
+    auto listener = Listener::Bind(
+        options.listen,
+        {.max_connections = options.max_connections, .log = options.log});
+    if (!listener.ok()) return listener.status();
+    server->listener_ = std::move(*listener);
+    server->port_ = server->listener_->port();
+  }
   builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->auth_service_.get());
   builder.RegisterService(server->rendezvous_service_.get());
   builder.RegisterService(server->membership_service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(
@@ -81,10 +115,30 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr) {
-    return absl::InternalError("the gRPC server failed to start");
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve gRPC on ", options.listen,
+        options.tls.enabled() ? " (TLS): is the port in use or the address "
+                                "not this host's?"
+                              : ": the gRPC server failed to start"));
   }
-  server->listener_->Start(server->server_.get());
+  if (server->listener_ != nullptr) {
+    server->listener_->Start(server->server_.get());
+  }
+  if (!options.health_listen.empty()) {
+    grpc::ServerBuilder health;
+    health.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    health.AddListeningPort(options.health_listen,
+                            grpc::InsecureServerCredentials(),
+                            &server->health_port_);
+    server->health_server_ = health.BuildAndStart();
+    if (server->health_server_ == nullptr || server->health_port_ == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve health checks on --health_listen ",
+                       options.health_listen,
+                       ": is the port in use or the address not this host's?"));
+    }
+  }
   if (!options.tcpstore_listen.empty()) {
     auto tcpstore = TcpStoreServer::Start(
         server->store_.get(), {.listen = options.tcpstore_listen,
@@ -98,8 +152,9 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   {
     absl::MutexLock lock(&server->health_mu_);
     server->SetServing(true, absl::OkStatus());
-    server->server_->GetHealthCheckService()->SetServingStatus(kLivenessService,
-                                                               true);
+    for (grpc::Server* s : server->grpc_servers()) {
+      s->GetHealthCheckService()->SetServingStatus(kLivenessService, true);
+    }
   }
   {
     absl::MutexLock lock(&server->health_mu_);
@@ -115,12 +170,15 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
 void CohortServer::SetServing(bool serving, const absl::Status& why) {
   if (serving_ == serving) return;
   serving_ = serving;
-  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-  health->SetServingStatus("", serving);
-  for (const char* service :
-       {v1::Store::service_full_name(), v1::Rendezvous::service_full_name(),
-        v1::Membership::service_full_name()}) {
-    health->SetServingStatus(service, serving);
+  for (grpc::Server* s : grpc_servers()) {
+    grpc::HealthCheckServiceInterface* health = s->GetHealthCheckService();
+    health->SetServingStatus("", serving);
+    for (const char* service :
+         {v1::Store::service_full_name(), v1::Rendezvous::service_full_name(),
+          v1::Membership::service_full_name(),
+          v1::Auth::service_full_name()}) {
+      health->SetServingStatus(service, serving);
+    }
   }
   if (log_ && !stopping_ && (serving ? !last_problem_.ok() : true)) {
     log_(serving ? std::string("health: SERVING again (writes are durable)")
@@ -134,8 +192,39 @@ void CohortServer::CheckHealth(absl::Duration interval) {
   if (stopping_) return;
   absl::Status writable = store_->CheckWritable();
   SetServing(writable.ok(), writable);
+  if (auth_ != nullptr) auth_->ReloadIfChanged();
   health_check_ = health_timer_.Schedule(
       absl::Now() + interval, [this, interval] { CheckHealth(interval); });
+}
+
+std::vector<grpc::Server*> CohortServer::grpc_servers() {
+  std::vector<grpc::Server*> servers = {server_.get()};
+  if (health_server_ != nullptr) servers.push_back(health_server_.get());
+  return servers;
+}
+
+absl::Status CohortServer::Reload() {
+  absl::Status status;
+  if (auth_ != nullptr) status.Update(auth_->Reload());
+  if (tls_.enabled()) {
+    absl::StatusOr<TlsFilesInfo> tls = CheckTlsFiles(tls_);
+    if (!tls.ok()) {
+      if (log_) {
+        log_(absl::StrCat("tls: the files on disk are not usable (",
+                          tls.status().message(),
+                          "); the certificate in force stays"));
+      }
+      status.Update(tls.status());
+    } else if (log_) {
+      log_(absl::StrCat(
+          "tls: files checked: ", tls->subject, " valid until ",
+          absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", tls->not_after,
+                           absl::UTCTimeZone()),
+          "; gRPC takes them up within ",
+          absl::FormatDuration(tls_.reload_interval)));
+    }
+  }
+  return status;
 }
 
 bool CohortServer::serving() {
@@ -153,9 +242,11 @@ absl::Status CohortServer::Drain(absl::Duration grace) {
     stopping_ = true;
     health_timer_.Cancel(health_check_);
     SetServing(false, absl::OkStatus());
-    server_->GetHealthCheckService()->SetServingStatus(kLivenessService, false);
+    for (grpc::Server* s : grpc_servers()) {
+      s->GetHealthCheckService()->SetServingStatus(kLivenessService, false);
+    }
   }
-  listener_->Stop();
+  if (listener_ != nullptr) listener_->Stop();
   // Stop accepting first: Shutdown closes the listener and tells every
   // connection (HTTP/2 GOAWAY) to take no new calls, then waits for the
   // calls in flight. Only then are the blocked calls ended, so a client
@@ -172,6 +263,10 @@ absl::Status CohortServer::Drain(absl::Duration grace) {
   if (tcpstore_ != nullptr) tcpstore_->Stop();
   stopper.join();
   server_->Wait();
+  if (health_server_ != nullptr) {
+    health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
+    health_server_->Wait();
+  }
   return store_->Flush();
 }
 

@@ -14,12 +14,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
+#include "server/auth.h"
+#include "server/auth_service.h"
 #include "server/coordination_service.h"
 #include "server/listener.h"
 #include "server/membership.h"
 #include "server/rendezvous.h"
 #include "server/store_service.h"
 #include "server/tcpstore_server.h"
+#include "server/tls.h"
 #include "base/deadline_timer.h"
 #include "store/kv_store.h"
 
@@ -36,6 +39,16 @@ struct ServerOptions {
   std::vector<std::string> tcpstore_allow;
   std::string tcpstore_prefix;
   StoreServiceOptions store_service;
+  // TLS on the gRPC port (tls.h). With TLS gRPC binds the port itself:
+  // the plaintext Listener's connection cap and descriptor-exhaustion
+  // handling do not apply (gRPC can adopt only plaintext sockets).
+  TlsOptions tls;
+  // The tokens file (auth.h, auth.proto); empty: auth off, every call
+  // allowed.
+  std::string auth_tokens;
+  // HOST:PORT of a plaintext port serving only grpc.health.v1 (for
+  // Kubernetes' gRPC probes, which speak no TLS); empty: none.
+  std::string health_listen;
   // Connections open at once; more are refused with a GOAWAY saying so.
   size_t max_connections = 16384;
   // A connection with no call in flight for this long is closed (the client
@@ -74,6 +87,15 @@ class CohortServer {
   // The ports actually bound (tcpstore_port: 0 when not serving it).
   int port() const { return port_; }
   int tcpstore_port() const { return tcpstore_ ? tcpstore_->port() : 0; }
+  int health_port() const { return health_port_; }
+  // The token checker; null when auth is off.
+  Authenticator* auth() { return auth_.get(); }
+
+  // Re-reads the tokens file and checks the TLS files (SIGHUP). gRPC takes
+  // up changed certificates by itself within tls.reload_interval; this
+  // says whether the files on disk are good. Errors name the file; what is
+  // in force stays.
+  absl::Status Reload();
   // The TCPStore listener's counters; zeros when it is off.
   TcpStoreServerStats tcpstore_stats() {
     return tcpstore_ ? tcpstore_->stats() : TcpStoreServerStats();
@@ -96,6 +118,8 @@ class CohortServer {
   // Sets health from the store's writability, then runs again after
   // `interval` on health_timer_ until Drain.
   void CheckHealth(absl::Duration interval);
+  // The main server and the health-only one, if any.
+  std::vector<grpc::Server*> grpc_servers();
   void SetServing(bool serving, const absl::Status& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(health_mu_);
 
@@ -105,7 +129,12 @@ class CohortServer {
   std::unique_ptr<StoreService> service_;
   std::unique_ptr<RendezvousService> rendezvous_service_;
   std::unique_ptr<MembershipService> membership_service_;
-  std::unique_ptr<Listener> listener_;
+  std::unique_ptr<Authenticator> auth_;
+  std::unique_ptr<AuthService> auth_service_;
+  TlsOptions tls_;
+  std::unique_ptr<Listener> listener_;  // Null with TLS.
+  std::unique_ptr<grpc::Server> health_server_;
+  int health_port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<TcpStoreServer> tcpstore_;
   std::function<void(absl::string_view)> log_;

@@ -6,9 +6,14 @@
 
 namespace cohort::server {
 
-grpc::ServerUnaryReactor* RendezvousService::Join(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* RendezvousService::Join(grpc::CallbackServerContext* ctx,
                                                   const v1::JoinRequest* req,
                                                   v1::JoinResponse* resp) {
+  if (absl::Status s = AuthorizeCall(auth_, *ctx, "run", req->run_id(),
+                                     Access::kWrite);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   auto* reactor = new PendingUnary();
   PendingUnary::Handle handle = reactor->handle();
   Rendezvous::JoinId id = rendezvous_->Join(
@@ -27,6 +32,11 @@ grpc::ServerUnaryReactor* RendezvousService::Join(grpc::CallbackServerContext*,
 grpc::ServerUnaryReactor* RendezvousService::GetRunState(
     grpc::CallbackServerContext* ctx, const v1::GetRunStateRequest* req,
     v1::RunState* resp) {
+  if (absl::Status s = AuthorizeCall(auth_, *ctx, "run", req->run_id(),
+                                     Access::kRead);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   absl::StatusOr<v1::RunState> state = rendezvous_->GetRunState(req->run_id());
   if (state.ok()) *resp = std::move(*state);
   return FinishNow(ctx, state.status());
@@ -35,12 +45,22 @@ grpc::ServerUnaryReactor* RendezvousService::GetRunState(
 grpc::ServerUnaryReactor* RendezvousService::CloseRun(
     grpc::CallbackServerContext* ctx, const v1::CloseRunRequest* req,
     v1::CloseRunResponse*) {
+  if (absl::Status s = AuthorizeCall(auth_, *ctx, "run", req->run_id(),
+                                     Access::kWrite);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   return FinishNow(ctx, rendezvous_->CloseRun(req->run_id()));
 }
 
 grpc::ServerUnaryReactor* RendezvousService::ListParticipants(
     grpc::CallbackServerContext* ctx, const v1::ListParticipantsRequest* req,
     v1::ListParticipantsResponse* resp) {
+  if (absl::Status s = AuthorizeCall(auth_, *ctx, "run", req->run_id(),
+                                     Access::kRead);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   absl::StatusOr<v1::ListParticipantsResponse> r =
       rendezvous_->ListParticipants(*req);
   if (r.ok()) *resp = std::move(*r);
@@ -50,6 +70,11 @@ grpc::ServerUnaryReactor* RendezvousService::ListParticipants(
 grpc::ServerUnaryReactor* MembershipService::JoinGroup(
     grpc::CallbackServerContext* ctx, const v1::JoinGroupRequest* req,
     v1::JoinGroupResponse* resp) {
+  if (absl::Status s = AuthorizeCall(auth_, *ctx, "group", req->group(),
+                                     Access::kWrite);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   absl::StatusOr<v1::JoinGroupResponse> r = membership_->Join(*req);
   if (r.ok()) *resp = std::move(*r);
   return FinishNow(ctx, r.status());
@@ -58,32 +83,62 @@ grpc::ServerUnaryReactor* MembershipService::JoinGroup(
 grpc::ServerUnaryReactor* MembershipService::Heartbeat(
     grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
     v1::HeartbeatResponse*) {
+  if (absl::Status s = AuthorizeCall(auth_, *ctx, "group", req->group(),
+                                     Access::kWrite);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   return FinishNow(ctx, membership_->Heartbeat(*req));
 }
 
 grpc::ServerUnaryReactor* MembershipService::LeaveGroup(
     grpc::CallbackServerContext* ctx, const v1::LeaveGroupRequest* req,
     v1::LeaveGroupResponse*) {
+  if (absl::Status s = AuthorizeCall(auth_, *ctx, "group", req->group(),
+                                     Access::kWrite);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   return FinishNow(ctx, membership_->Leave(*req));
 }
 
 grpc::ServerUnaryReactor* MembershipService::ReportError(
     grpc::CallbackServerContext* ctx, const v1::ReportErrorRequest* req,
     v1::ReportErrorResponse*) {
+  if (absl::Status s = AuthorizeCall(auth_, *ctx, "group", req->group(),
+                                     Access::kWrite);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   return FinishNow(ctx, membership_->ReportError(*req));
 }
 
 grpc::ServerUnaryReactor* MembershipService::ListMembers(
     grpc::CallbackServerContext* ctx, const v1::ListMembersRequest* req,
     v1::ListMembersResponse* resp) {
+  if (absl::Status s = AuthorizeCall(auth_, *ctx, "group", req->group(),
+                                     Access::kRead);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   absl::StatusOr<v1::ListMembersResponse> r = membership_->List(*req);
   if (r.ok()) *resp = std::move(*r);
   return FinishNow(ctx, r.status());
 }
 
 grpc::ServerWriteReactor<v1::WatchMembersResponse>*
-MembershipService::WatchMembers(grpc::CallbackServerContext*,
+MembershipService::WatchMembers(grpc::CallbackServerContext* ctx,
                                 const v1::WatchMembersRequest* req) {
+  if (absl::Status s = AuthorizeCall(auth_, *ctx, "group", req->group(),
+                                     Access::kRead);
+      !s.ok()) {
+    auto* refused = new EventStream<v1::WatchMembersResponse>(
+        store_, 0, [](store::Event&, v1::WatchMembersResponse&) -> size_t {
+          return 0;
+        });
+    refused->Fail(s);
+    return refused;
+  }
   auto* reactor = new EventStream<v1::WatchMembersResponse>(
       store_, watch_buffer_bytes_,
       [](store::Event& e, v1::WatchMembersResponse& msg) -> size_t {
@@ -98,8 +153,13 @@ MembershipService::WatchMembers(grpc::CallbackServerContext*,
 }
 
 grpc::ServerUnaryReactor* MembershipService::Barrier(
-    grpc::CallbackServerContext*, const v1::BarrierRequest* req,
+    grpc::CallbackServerContext* ctx, const v1::BarrierRequest* req,
     v1::BarrierResponse* resp) {
+  if (absl::Status s = AuthorizeCall(auth_, *ctx, "group", req->group(),
+                                     Access::kWrite);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   auto* reactor = new PendingUnary();
   PendingUnary::Handle handle = reactor->handle();
   Membership::BarrierId id = membership_->Barrier(

@@ -5,6 +5,7 @@
 #define COHORT_SERVER_COORDINATION_SERVICE_H_
 
 #include "cohort/v1/coordination.grpc.pb.h"
+#include "server/auth.h"
 #include "server/membership.h"
 #include "server/rendezvous.h"
 #include "store/kv_store.h"
@@ -13,8 +14,11 @@ namespace cohort::server {
 
 class RendezvousService final : public v1::Rendezvous::CallbackService {
  public:
-  explicit RendezvousService(Rendezvous* rendezvous)
-      : rendezvous_(rendezvous) {}
+  // `auth` checks that each call's token covers its run id (auth.h); null:
+  // auth off. Neither is owned.
+  explicit RendezvousService(Rendezvous* rendezvous,
+                             Authenticator* auth = nullptr)
+      : rendezvous_(rendezvous), auth_(auth) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx,
                                  const v1::JoinRequest* req,
@@ -31,17 +35,20 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
 
  private:
   Rendezvous* const rendezvous_;
+  Authenticator* const auth_;
 };
 
 class MembershipService final : public v1::Membership::CallbackService {
  public:
   // `store` serves the member-event streams; watch_buffer_bytes bounds a
-  // slow watcher as for store watches.
+  // slow watcher as for store watches. `auth` checks that each call's token
+  // covers its group (auth.h); null: auth off.
   MembershipService(Membership* membership, store::KvStore* store,
-                    size_t watch_buffer_bytes)
+                    size_t watch_buffer_bytes, Authenticator* auth = nullptr)
       : membership_(membership),
         store_(store),
-        watch_buffer_bytes_(watch_buffer_bytes) {}
+        watch_buffer_bytes_(watch_buffer_bytes),
+        auth_(auth) {}
 
   grpc::ServerUnaryReactor* JoinGroup(grpc::CallbackServerContext* ctx,
                                       const v1::JoinGroupRequest* req,
@@ -68,6 +75,7 @@ class MembershipService final : public v1::Membership::CallbackService {
  private:
   Membership* const membership_;
   store::KvStore* const store_;
+  Authenticator* const auth_;
   const size_t watch_buffer_bytes_;
 };
 

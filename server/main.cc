@@ -15,6 +15,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -41,6 +42,22 @@ ABSL_FLAG(std::string, tcpstore_prefix, "",
           "every TCPStore connection's keys live under this prefix (a "
           "namespace hello's namespace comes after it), so the listener can "
           "reach nothing else of the store; empty: the whole store");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain to serve gRPC over TLS with (with "
+          "--tls_key); re-read when the file changes or on SIGHUP");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: clients must present a certificate it signed "
+          "(mutual TLS)");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "tokens file: one \"TOKEN ROLE PREFIX\" a line, ROLE r, rw or "
+          "admin (PREFIX *), # comments; re-read when it changes or on "
+          "SIGHUP. Every call then needs a token (authorization: Bearer "
+          "TOKEN), and the TCPStore listener, which cannot carry one, is off "
+          "unless --tcpstore_listen is given explicitly");
+ABSL_FLAG(std::string, health_listen, "",
+          "HOST:PORT of a plaintext port serving only grpc.health.v1 (for "
+          "Kubernetes' gRPC probes when --listen serves TLS); empty: none");
 ABSL_FLAG(std::string, data_dir, "./cohort-data",
           "folder holding the RocksDB database (--engine=rocksdb)");
 ABSL_FLAG(std::string, engine, "rocksdb",
@@ -131,13 +148,25 @@ uint64_t RaiseFdLimit(uint64_t max_connections) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "cohortd --listen=HOST:PORT --data_dir=DIR [--engine=rocksdb|memory]\n"
+      "        [--tls_cert=PEM --tls_key=PEM [--tls_client_ca=PEM]]\n"
+      "        [--auth_tokens=FILE] [--health_listen=HOST:PORT]\n"
       "The cohort coordinator: a c10d-style key-value store over gRPC.");
+  // Whether --tcpstore_listen was given (absl keeps that to itself).
+  bool tcpstore_explicit = false;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    tcpstore_explicit |= absl::StartsWith(arg, "--tcpstore_listen") ||
+                         absl::StartsWith(arg, "-tcpstore_listen");
+  }
   absl::ParseCommandLine(argc, argv);
   gpr_set_log_function(GrpcLog);
 
   // Signals are taken synchronously by sigwait below; block them before any
   // thread starts so every thread inherits the mask.
-  const sigset_t stop_signals = cohort::base::BlockStopSignals();
+  sigset_t stop_signals = cohort::base::BlockStopSignals();
+  sigaddset(&stop_signals, SIGHUP);  // Reload tokens and certificates.
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   cohort::store::StoreLimits limits;
   limits.max_key_bytes = absl::GetFlag(FLAGS_max_key_bytes);
@@ -192,6 +221,20 @@ int main(int argc, char** argv) {
   cohort::server::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.tcpstore_listen = absl::GetFlag(FLAGS_tcpstore_listen);
+  options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
+  options.tls = {.cert_file = absl::GetFlag(FLAGS_tls_cert),
+                 .key_file = absl::GetFlag(FLAGS_tls_key),
+                 .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca)};
+  options.health_listen = absl::GetFlag(FLAGS_health_listen);
+  // PyTorch's TCPStore protocol has no credentials: with auth on, the
+  // listener would be a way around it, so it is served only when asked.
+  if (!options.auth_tokens.empty() && !tcpstore_explicit &&
+      !options.tcpstore_listen.empty()) {
+    Log("auth is on: not serving the TCPStore protocol, which carries no "
+        "token (give --tcpstore_listen, with --tcpstore_allow and "
+        "--tcpstore_prefix, to serve it anyway)");
+    options.tcpstore_listen.clear();
+  }
   options.tcpstore_allow = absl::GetFlag(FLAGS_tcpstore_allow);
   options.tcpstore_prefix = absl::GetFlag(FLAGS_tcpstore_prefix);
   options.max_connections = RaiseFdLimit(absl::GetFlag(FLAGS_max_connections));
@@ -214,8 +257,21 @@ int main(int argc, char** argv) {
                         t.substr(0, t.rfind(':')), (*server)->tcpstore_port()));
   }
 
+  if ((*server)->health_port() != 0) {
+    const std::string& h = options.health_listen;
+    Log(absl::StrFormat("serving grpc.health.v1 in plaintext on %s:%d",
+                        h.substr(0, h.rfind(':')), (*server)->health_port()));
+  }
+
   int signal = 0;
-  sigwait(&stop_signals, &signal);
+  for (;;) {
+    sigwait(&stop_signals, &signal);
+    if (signal != SIGHUP) break;
+    absl::Status reloaded = (*server)->Reload();
+    Log(reloaded.ok() ? std::string("SIGHUP: reloaded")
+                      : absl::StrCat("SIGHUP: reload failed: ",
+                                     reloaded.message()));
+  }
   Log(absl::StrCat("received ", signal == SIGTERM ? "SIGTERM" : "SIGINT",
                    "; draining: refusing new calls, ending waiters with "
                    "UNAVAILABLE, giving calls in flight ",

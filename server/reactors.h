@@ -125,6 +125,11 @@ class EventStream final : public grpc::ServerWriteReactor<Response> {
     state_->Begin(std::move(first));
   }
 
+  // Ends the stream before it starts (a refused request).
+  void Fail(const absl::Status& status) {
+    state_->Close(ToGrpcStatus(status));
+  }
+
   void OnWriteDone(bool ok) override { state_->WriteDone(ok); }
 
   void OnCancel() override {

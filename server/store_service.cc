@@ -65,6 +65,11 @@ StoreService::StoreService(store::KvStore* store, StoreServiceOptions options)
 grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* ctx,
                                             const v1::SetRequest* req,
                                             v1::SetResponse* resp) {
+  if (absl::Status s = AuthorizeCall(options_.auth, *ctx, "key", req->key(),
+                                     Access::kWrite);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   if (absl::Status s = c10d::CheckClientWrite(req->key()); !s.ok()) {
     return FinishNow(ctx, s);
   }
@@ -76,6 +81,11 @@ grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx,
                                             const v1::GetRequest* req,
                                             v1::GetResponse* resp) {
+  if (absl::Status s = AuthorizeCall(options_.auth, *ctx, "key", req->key(),
+                                     Access::kRead);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   absl::StatusOr<absl::Duration> timeout = RequestTimeout(req->timeout_ms());
   if (!timeout.ok()) return FinishNow(ctx, timeout.status());
   return WaitFor(store_, {req->key()}, /*read_values=*/true, *timeout,
@@ -88,6 +98,11 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* ctx,
                                             const v1::AddRequest* req,
                                             v1::AddResponse* resp) {
+  if (absl::Status s = AuthorizeCall(options_.auth, *ctx, "key", req->key(),
+                                     Access::kWrite);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   if (absl::Status s = c10d::CheckClientWrite(req->key()); !s.ok()) {
     return FinishNow(ctx, s);
   }
@@ -102,6 +117,11 @@ grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* StoreService::CompareSet(
     grpc::CallbackServerContext* ctx, const v1::CompareSetRequest* req,
     v1::CompareSetResponse* resp) {
+  if (absl::Status s = AuthorizeCall(options_.auth, *ctx, "key", req->key(),
+                                     Access::kWrite);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   if (absl::Status s = c10d::CheckClientWrite(req->key()); !s.ok()) {
     return FinishNow(ctx, s);
   }
@@ -118,6 +138,11 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(
 grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* ctx,
                                              const v1::WaitRequest* req,
                                              v1::WaitResponse* resp) {
+  if (absl::Status s = AuthorizeCall(options_.auth, *ctx, "key",
+                                     ToVector(req->keys()), Access::kRead);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   absl::StatusOr<absl::Duration> timeout = RequestTimeout(req->timeout_ms());
   if (!timeout.ok()) return FinishNow(ctx, timeout.status());
   return WaitFor(store_, ToVector(req->keys()), /*read_values=*/false, *timeout,
@@ -127,6 +152,11 @@ grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* ctx,
                                               const v1::CheckRequest* req,
                                               v1::CheckResponse* resp) {
+  if (absl::Status s = AuthorizeCall(options_.auth, *ctx, "key",
+                                     ToVector(req->keys()), Access::kRead);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   absl::StatusOr<store::CheckResult> r = store_->Check(ToVector(req->keys()));
   if (r.ok()) {
     resp->set_all_exist(r->all_exist);
@@ -138,6 +168,11 @@ grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* StoreService::Delete(grpc::CallbackServerContext* ctx,
                                                const v1::DeleteRequest* req,
                                                v1::DeleteResponse* resp) {
+  if (absl::Status s = AuthorizeCall(options_.auth, *ctx, "key", req->key(),
+                                     Access::kWrite);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   if (absl::Status s = c10d::CheckClientWrite(req->key()); !s.ok()) {
     return FinishNow(ctx, s);
   }
@@ -152,7 +187,11 @@ grpc::ServerUnaryReactor* StoreService::Delete(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* StoreService::NumKeys(
     grpc::CallbackServerContext* ctx, const v1::NumKeysRequest*,
     v1::NumKeysResponse* resp) {
-  absl::StatusOr<store::NumKeysResult> r = store_->NumKeys();
+  // With a job's token, the keys under its prefix.
+  absl::StatusOr<std::string> prefix =
+      AuthorizedPrefix(options_.auth, *ctx, "");
+  if (!prefix.ok()) return FinishNow(ctx, prefix.status());
+  absl::StatusOr<store::NumKeysResult> r = store_->NumKeys(*prefix);
   if (r.ok()) {
     resp->set_num_keys(r->num_keys);
     resp->set_revision(r->revision);
@@ -163,6 +202,11 @@ grpc::ServerUnaryReactor* StoreService::NumKeys(
 grpc::ServerUnaryReactor* StoreService::MultiGet(
     grpc::CallbackServerContext* ctx, const v1::MultiGetRequest* req,
     v1::MultiGetResponse* resp) {
+  if (absl::Status s = AuthorizeCall(options_.auth, *ctx, "key",
+                                     ToVector(req->keys()), Access::kRead);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   absl::StatusOr<absl::Duration> timeout = RequestTimeout(req->timeout_ms());
   if (!timeout.ok()) return FinishNow(ctx, timeout.status());
   return WaitFor(store_, ToVector(req->keys()), /*read_values=*/true, *timeout,
@@ -177,6 +221,11 @@ grpc::ServerUnaryReactor* StoreService::MultiGet(
 grpc::ServerUnaryReactor* StoreService::MultiSet(
     grpc::CallbackServerContext* ctx, const v1::MultiSetRequest* req,
     v1::MultiSetResponse* resp) {
+  if (absl::Status s = AuthorizeCall(options_.auth, *ctx, "key",
+                                     ToVector(req->keys()), Access::kWrite);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   for (const std::string& key : req->keys()) {
     if (absl::Status s = c10d::CheckClientWrite(key); !s.ok()) {
       return FinishNow(ctx, s);
@@ -191,6 +240,11 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(
 grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* ctx,
                                                const v1::AppendRequest* req,
                                                v1::AppendResponse* resp) {
+  if (absl::Status s = AuthorizeCall(options_.auth, *ctx, "key", req->key(),
+                                     Access::kWrite);
+      !s.ok()) {
+    return FinishNow(ctx, s);
+  }
   if (absl::Status s = c10d::CheckClientWrite(req->key()); !s.ok()) {
     return FinishNow(ctx, s);
   }
@@ -207,8 +261,11 @@ grpc::ServerUnaryReactor* StoreService::ListKeys(
                      absl::InvalidArgumentError(absl::StrCat(
                          "page_size must be >= 0, got ", req->page_size())));
   }
+  absl::StatusOr<std::string> prefix =
+      AuthorizedPrefix(options_.auth, *ctx, req->prefix());
+  if (!prefix.ok()) return FinishNow(ctx, prefix.status());
   absl::StatusOr<store::ListResult> r =
-      store_->ListKeys(req->prefix(), req->page_size(), req->page_token());
+      store_->ListKeys(*prefix, req->page_size(), req->page_token());
   if (r.ok()) {
     for (std::string& k : r->keys) resp->add_keys(std::move(k));
     resp->set_next_page_token(std::move(r->next_page_token));
@@ -218,10 +275,16 @@ grpc::ServerUnaryReactor* StoreService::ListKeys(
 }
 
 grpc::ServerWriteReactor<v1::WatchResponse>* StoreService::Watch(
-    grpc::CallbackServerContext*, const v1::WatchRequest* req) {
+    grpc::CallbackServerContext* ctx, const v1::WatchRequest* req) {
   auto* reactor = new EventStream<v1::WatchResponse>(
       store_, options_.watch_buffer_bytes, AppendEvent);
-  reactor->Start(req->prefix(), req->from_revision());
+  absl::StatusOr<std::string> prefix =
+      AuthorizedPrefix(options_.auth, *ctx, req->prefix());
+  if (!prefix.ok()) {
+    reactor->Fail(prefix.status());
+  } else {
+    reactor->Start(*prefix, req->from_revision());
+  }
   return reactor;
 }
 

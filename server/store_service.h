@@ -12,6 +12,7 @@
 #include <cstddef>
 
 #include "cohort/v1/store.grpc.pb.h"
+#include "server/auth.h"
 #include "store/kv_store.h"
 
 namespace cohort::server {
@@ -20,6 +21,9 @@ struct StoreServiceOptions {
   // A watcher whose unsent events exceed this is ended with
   // RESOURCE_EXHAUSTED; it may resume from the last revision it saw.
   size_t watch_buffer_bytes = 64 << 20;
+  // Checks every call's token against the keys it names (auth.h); null:
+  // auth off. Not owned.
+  Authenticator* auth = nullptr;
 };
 
 class StoreService final : public cohort::v1::Store::CallbackService {

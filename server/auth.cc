@@ -1,0 +1,575 @@
+#include "server/auth.h"
+
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace cohort::server {
+namespace {
+
+constexpr size_t kMinTokenBytes = 16;
+constexpr size_t kMaxTokenBytes = 4096;
+constexpr size_t kMaxDescriptionBytes = 256;
+
+// Causes, for the per-cause log limiters.
+enum Cause {
+  kMissing,
+  kMalformed,
+  kUnknown,
+  kExpired,
+  kDenied,
+  kReload,
+  kNumCauses
+};
+
+const char* RoleName(v1::Role role) {
+  switch (role) {
+    case v1::READ:
+      return "r";
+    case v1::READ_WRITE:
+      return "rw";
+    case v1::ADMIN:
+      return "admin";
+    default:
+      return "none";
+  }
+}
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+std::string FormatMs(int64_t ms) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(ms),
+                          absl::UTCTimeZone());
+}
+
+// Tokens are printable ASCII without blanks, so they survive a file line,
+// an HTTP header and a shell variable alike.
+bool IsTokenText(absl::string_view token) {
+  if (token.size() < kMinTokenBytes || token.size() > kMaxTokenBytes) {
+    return false;
+  }
+  for (char c : token) {
+    if (c <= ' ' || c > '~') return false;
+  }
+  return true;
+}
+
+absl::Status CheckGrantShape(v1::Role role, absl::string_view prefix) {
+  if (role == v1::ADMIN) {
+    if (prefix != "*") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("an admin's prefix must be *, got '", prefix, "'"));
+    }
+    return absl::OkStatus();
+  }
+  if (role != v1::READ && role != v1::READ_WRITE) {
+    return absl::InvalidArgumentError("role must be r, rw or admin");
+  }
+  if (prefix.empty() || prefix == "*") {
+    return absl::InvalidArgumentError(
+        "a r or rw token needs a prefix (not empty, not *): the key prefix "
+        "of the job it is for, e.g. job1/");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool Covers(absl::string_view prefix, absl::string_view name) {
+  if (prefix == "*") return true;
+  if (absl::StartsWith(name, prefix)) return true;
+  return !prefix.empty() && prefix.back() == '/' &&
+         name == prefix.substr(0, prefix.size() - 1);
+}
+
+bool CoversKey(absl::string_view prefix, absl::string_view key) {
+  if (Covers(prefix, key)) return true;
+  return absl::StartsWith(key, kLauncherPrefix) &&
+         Covers(prefix, key.substr(kLauncherPrefix.size()));
+}
+
+absl::Status CheckAccess(const Grant& grant, absl::string_view what,
+                         absl::string_view name, Access access) {
+  const bool covered =
+      what == "key" ? CoversKey(grant.prefix, name) : Covers(grant.prefix, name);
+  if (!covered) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the token (", grant.source, ") grants only names under prefix '",
+        grant.prefix, "'; ", what, " '", absl::CHexEscape(name.substr(0, 256)),
+        "' is outside it"));
+  }
+  if (access == Access::kWrite && grant.role == v1::READ) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the token (", grant.source, ") is read-only under prefix '",
+        grant.prefix, "'; writing ", what, " '",
+        absl::CHexEscape(name.substr(0, 256)), "' needs a rw token"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> NarrowPrefix(const Grant& grant,
+                                         absl::string_view requested) {
+  if (CoversKey(grant.prefix, requested)) return std::string(requested);
+  for (std::string root : {grant.prefix, absl::StrCat(kLauncherPrefix,
+                                                      grant.prefix)}) {
+    if (absl::StartsWith(root, requested)) return root;
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the token (", grant.source, ") grants only keys under prefix '",
+      grant.prefix, "' (and '", kLauncherPrefix, grant.prefix,
+      "'); prefix '", absl::CHexEscape(requested.substr(0, 256)),
+      "' is outside it"));
+}
+
+std::string TokenDigest(absl::string_view token) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_Digest(token.data(), token.size(), digest, &length, EVP_sha256(),
+             nullptr);
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(digest), length));
+}
+
+absl::StatusOr<std::vector<FileToken>> ParseTokensFile(absl::string_view text,
+                                                       absl::string_view path) {
+  std::vector<FileToken> tokens;
+  absl::flat_hash_map<std::string, int> seen;
+  int number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++number;
+    if (size_t hash = line.find('#'); hash != absl::string_view::npos) {
+      line = line.substr(0, hash);
+    }
+    std::vector<absl::string_view> fields =
+        absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
+    if (fields.empty()) continue;
+    auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", number, ": ", why,
+                       " (lines are \"TOKEN ROLE PREFIX\", ROLE r, rw or "
+                       "admin; admin's PREFIX is *)"));
+    };
+    if (fields.size() != 3) {
+      return bad(absl::StrCat("expected 3 fields, found ", fields.size()));
+    }
+    if (!IsTokenText(fields[0])) {
+      return bad(absl::StrCat("the token must be ", kMinTokenBytes, " to ",
+                              kMaxTokenBytes,
+                              " printable characters without blanks "
+                              "(e.g. `openssl rand -hex 32`)"));
+    }
+    v1::Role role;
+    if (fields[1] == "r") {
+      role = v1::READ;
+    } else if (fields[1] == "rw") {
+      role = v1::READ_WRITE;
+    } else if (fields[1] == "admin") {
+      role = v1::ADMIN;
+    } else {
+      return bad(absl::StrCat("unknown role '",
+                              absl::CHexEscape(fields[1].substr(0, 32)), "'"));
+    }
+    if (absl::Status s = CheckGrantShape(role, fields[2]); !s.ok()) {
+      return bad(s.message());
+    }
+    FileToken token;
+    token.digest = TokenDigest(fields[0]);
+    auto [it, fresh] = seen.emplace(token.digest, number);
+    if (!fresh) {
+      return bad(absl::StrCat("the same token as line ", it->second));
+    }
+    token.grant = {.role = role,
+                   .prefix = std::string(fields[2]),
+                   .source = absl::StrCat("file line ", number)};
+    tokens.push_back(std::move(token));
+  }
+  return tokens;
+}
+
+Authenticator::Authenticator(AuthenticatorOptions options)
+    : options_(std::move(options)) {
+  for (int i = 0; i < kNumCauses; ++i) {
+    limiters_.emplace_back(options_.log, absl::Seconds(1));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Start(
+    AuthenticatorOptions options) {
+  if (options.tokens_file.empty()) {
+    return absl::InvalidArgumentError("--auth_tokens needs a file");
+  }
+  std::unique_ptr<Authenticator> auth(new Authenticator(std::move(options)));
+  if (absl::Status s = auth->Reload(); !s.ok()) return s;
+  return auth;
+}
+
+absl::Status Authenticator::Reload() {
+  const std::string& path = options_.tokens_file;
+  struct stat st;
+  std::ifstream in(path, std::ios::binary);
+  absl::Status status;
+  std::vector<FileToken> tokens;
+  if (!in || stat(path.c_str(), &st) != 0) {
+    status = absl::FailedPreconditionError(absl::StrCat(
+        "cannot read the tokens file ", path, ": ", std::strerror(errno)));
+  } else {
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::StatusOr<std::vector<FileToken>> parsed =
+        ParseTokensFile(text.str(), path);
+    if (parsed.ok()) {
+      tokens = std::move(*parsed);
+    } else {
+      status = parsed.status();
+    }
+  }
+  if (!status.ok()) {
+    reload_failures_.fetch_add(1, std::memory_order_relaxed);
+    {
+      // Remember the file as seen, so a broken file is reported once, not
+      // at every check until it is fixed.
+      absl::MutexLock lock(&mu_);
+      if (stat(path.c_str(), &st) == 0) {
+        file_size_ = st.st_size;
+        file_mtime_ns_ = st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+        file_inode_ = st.st_ino;
+      }
+    }
+    LogLimited(kReload,
+               absl::StrCat("auth: keeping the tokens in force: ",
+                            status.message()));
+    return status;
+  }
+  size_t admins = 0;
+  absl::flat_hash_map<std::string, Grant> table;
+  for (FileToken& t : tokens) {
+    admins += t.grant.admin();
+    table.emplace(std::move(t.digest), std::move(t.grant));
+  }
+  const size_t count = table.size();
+  {
+    absl::MutexLock lock(&mu_);
+    file_tokens_ = std::move(table);
+    file_size_ = st.st_size;
+    file_mtime_ns_ = st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    file_inode_ = st.st_ino;
+  }
+  reloads_.fetch_add(1, std::memory_order_relaxed);
+  if (options_.log) {
+    options_.log(absl::StrCat(
+        "auth: loaded ", count, count == 1 ? " token" : " tokens", " (",
+        admins, admins == 1 ? " admin" : " admins", ") from ", path,
+        admins == 0 ? "; no admin token: nobody can issue tokens" : ""));
+  }
+  return absl::OkStatus();
+}
+
+bool Authenticator::ReloadIfChanged() {
+  struct stat st;
+  if (stat(options_.tokens_file.c_str(), &st) != 0) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    const int64_t mtime =
+        st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    if (static_cast<uint64_t>(st.st_size) == file_size_ &&
+        mtime == file_mtime_ns_ && st.st_ino == file_inode_) {
+      return false;
+    }
+  }
+  return Reload().ok();
+}
+
+void Authenticator::LogLimited(int cause, absl::string_view line) {
+  absl::MutexLock lock(&log_mu_);
+  limiters_[cause].Log(line);
+}
+
+void Authenticator::Fail(std::atomic<uint64_t>& counter, int cause,
+                         absl::string_view line) {
+  counter.fetch_add(1, std::memory_order_relaxed);
+  LogLimited(cause, line);
+}
+
+absl::StatusOr<Grant> Authenticator::Authenticate(
+    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) {
+  absl::string_view token;
+  bool found = false;
+  for (absl::string_view header : {"authorization", "cohort-token"}) {
+    auto it = metadata.find(grpc::string_ref(header.data(), header.size()));
+    if (it == metadata.end()) continue;
+    absl::string_view value(it->second.data(), it->second.size());
+    if (header == "authorization") {
+      if (!absl::StartsWithIgnoreCase(value, "Bearer ")) {
+        Fail(malformed_, kMalformed,
+             "auth: refused a call whose authorization header is not "
+             "\"Bearer TOKEN\"");
+        return absl::UnauthenticatedError(
+            "the authorization metadata must be \"Bearer TOKEN\"");
+      }
+      value.remove_prefix(7);
+    }
+    token = absl::StripAsciiWhitespace(value);
+    found = true;
+    break;
+  }
+  if (!found) {
+    Fail(missing_, kMissing, "auth: refused a call without a token");
+    return absl::UnauthenticatedError(
+        "cohortd requires a token: set COHORT_TOKEN (sent as metadata "
+        "\"authorization: Bearer TOKEN\")");
+  }
+  if (!IsTokenText(token)) {
+    Fail(malformed_, kMalformed,
+         "auth: refused a call whose token is not a token (wrong length or "
+         "characters)");
+    return absl::UnauthenticatedError(
+        absl::StrCat("the token is malformed: tokens are ", kMinTokenBytes,
+                     " to ", kMaxTokenBytes,
+                     " printable characters without blanks"));
+  }
+  const std::string digest = TokenDigest(token);
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (auto it = file_tokens_.find(digest); it != file_tokens_.end()) {
+      authenticated_.fetch_add(1, std::memory_order_relaxed);
+      return it->second;
+    }
+  }
+  absl::StatusOr<std::optional<std::string>> record =
+      options_.store->TryGet(absl::StrCat(kIssuedTokensPrefix, digest));
+  if (!record.ok()) return record.status();
+  v1::TokenRecord parsed;
+  if (!record->has_value() || !parsed.ParseFromString(**record)) {
+    Fail(unknown_, kUnknown,
+         absl::StrCat("auth: refused a call with an unknown or revoked token "
+                      "(sha256 ",
+                      digest.substr(0, 12), "...)"));
+    return absl::UnauthenticatedError(
+        "the token is not valid here (unknown or revoked)");
+  }
+  if (parsed.expires_unix_ms() != 0 && parsed.expires_unix_ms() <= NowMs()) {
+    Fail(expired_, kExpired,
+         absl::StrCat("auth: refused a call with token ", digest.substr(0, 12),
+                      "..., expired at ", FormatMs(parsed.expires_unix_ms())));
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the token expired at ", FormatMs(parsed.expires_unix_ms())));
+  }
+  authenticated_.fetch_add(1, std::memory_order_relaxed);
+  return Grant{.role = parsed.role(),
+               .prefix = parsed.prefix(),
+               .source = absl::StrCat("issued ", digest.substr(0, 12)),
+               .expires_unix_ms = parsed.expires_unix_ms()};
+}
+
+void Authenticator::Denied(const Grant& grant, const absl::Status& why) {
+  Fail(denied_, kDenied,
+       absl::StrCat("auth: denied (", grant.source, "): ", why.message()));
+}
+
+absl::StatusOr<v1::IssueTokenResponse> Authenticator::Issue(
+    const Grant& caller, const v1::IssueTokenRequest& request) {
+  if (request.role() == v1::ADMIN && !caller.admin()) {
+    absl::Status s = absl::PermissionDeniedError(
+        "only an admin token may issue admin tokens");
+    Denied(caller, s);
+    return s;
+  }
+  if (absl::Status s = CheckGrantShape(request.role(), request.prefix());
+      !s.ok()) {
+    return s;
+  }
+  if (request.ttl_ms() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ttl_ms must be >= 0 (0: until revoked), got ",
+                     request.ttl_ms()));
+  }
+  if (request.description().size() > kMaxDescriptionBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "description is ", request.description().size(), " bytes; at most ",
+        kMaxDescriptionBytes));
+  }
+  if (!caller.admin()) {
+    if (caller.role != v1::READ_WRITE) {
+      absl::Status s = absl::PermissionDeniedError(
+          "a read-only token cannot issue tokens");
+      Denied(caller, s);
+      return s;
+    }
+    // A job may hand out parts of its own prefix, never more.
+    if (!absl::StartsWith(request.prefix(), caller.prefix)) {
+      absl::Status s = absl::PermissionDeniedError(absl::StrCat(
+          "the token (", caller.source, ") may only issue tokens within its "
+          "prefix '", caller.prefix, "'; '", request.prefix(),
+          "' is outside it"));
+      Denied(caller, s);
+      return s;
+    }
+  }
+  unsigned char random[32];
+  if (RAND_bytes(random, sizeof(random)) != 1) {
+    return absl::InternalError("the system's random source failed");
+  }
+  v1::IssueTokenResponse response;
+  response.set_token(absl::StrCat(
+      "cht_", absl::BytesToHexString(absl::string_view(
+                  reinterpret_cast<const char*>(random), sizeof(random)))));
+  response.set_id(TokenDigest(response.token()));
+  v1::TokenRecord record;
+  record.set_role(request.role());
+  record.set_prefix(request.prefix());
+  record.set_description(request.description());
+  record.set_issued_unix_ms(NowMs());
+  int64_t expires = 0;
+  if (request.ttl_ms() > 0) {
+    expires = record.issued_unix_ms() + request.ttl_ms();
+    // A token may not outlive the one that issued it.
+    if (caller.expires_unix_ms != 0) {
+      expires = std::min(expires, caller.expires_unix_ms);
+    }
+  } else if (caller.expires_unix_ms != 0) {
+    expires = caller.expires_unix_ms;
+  }
+  record.set_expires_unix_ms(expires);
+  record.set_issued_by(caller.source);
+  absl::StatusOr<int64_t> written = options_.store->Set(
+      absl::StrCat(kIssuedTokensPrefix, response.id()),
+      record.SerializeAsString());
+  if (!written.ok()) return written.status();
+  response.set_expires_unix_ms(expires);
+  if (options_.log) {
+    options_.log(absl::StrCat(
+        "auth: ", caller.source, " issued token ", response.id().substr(0, 12),
+        "... (", RoleName(request.role()), " under '", request.prefix(), "'",
+        expires ? absl::StrCat(", expires ", FormatMs(expires)) : "", ")"));
+  }
+  return response;
+}
+
+absl::Status Authenticator::Revoke(const Grant& caller, absl::string_view id) {
+  if (id.size() != 64 ||
+      id.find_first_not_of("0123456789abcdef") != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        "a token id is 64 lowercase hex digits (as IssueToken and ListTokens "
+        "give it)");
+  }
+  const std::string key = absl::StrCat(kIssuedTokensPrefix, id);
+  absl::StatusOr<std::optional<std::string>> record =
+      options_.store->TryGet(key);
+  if (!record.ok()) return record.status();
+  v1::TokenRecord parsed;
+  if (!record->has_value() || !parsed.ParseFromString(**record)) {
+    return absl::NotFoundError(
+        absl::StrCat("no issued token has id ", id.substr(0, 12), "..."));
+  }
+  if (!caller.admin() &&
+      (caller.role != v1::READ_WRITE ||
+       !absl::StartsWith(parsed.prefix(), caller.prefix))) {
+    absl::Status s = absl::PermissionDeniedError(absl::StrCat(
+        "the token (", caller.source, ") may only revoke tokens within its "
+        "prefix '", caller.prefix, "'"));
+    Denied(caller, s);
+    return s;
+  }
+  absl::StatusOr<store::DeleteResult> deleted = options_.store->Delete(key);
+  if (!deleted.ok()) return deleted.status();
+  if (options_.log) {
+    options_.log(absl::StrCat("auth: ", caller.source, " revoked token ",
+                              id.substr(0, 12), "..."));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ListTokensResponse> Authenticator::List(
+    const Grant& caller) {
+  v1::ListTokensResponse response;
+  std::string page;
+  do {
+    absl::StatusOr<store::ListResult> keys =
+        options_.store->ListKeys(kIssuedTokensPrefix, 0, page);
+    if (!keys.ok()) return keys.status();
+    for (const std::string& key : keys->keys) {
+      absl::StatusOr<std::optional<std::string>> value =
+          options_.store->TryGet(key);
+      v1::TokenRecord record;
+      if (!value.ok() || !value->has_value() ||
+          !record.ParseFromString(**value)) {
+        continue;  // Revoked meanwhile.
+      }
+      if (!caller.admin() && !absl::StartsWith(record.prefix(), caller.prefix)) {
+        continue;
+      }
+      v1::TokenInfo* info = response.add_tokens();
+      info->set_id(key.substr(kIssuedTokensPrefix.size()));
+      info->set_role(record.role());
+      info->set_prefix(record.prefix());
+      info->set_description(record.description());
+      info->set_issued_unix_ms(record.issued_unix_ms());
+      info->set_expires_unix_ms(record.expires_unix_ms());
+      info->set_issued_by(record.issued_by());
+    }
+    page = std::move(keys->next_page_token);
+  } while (!page.empty());
+  return response;
+}
+
+AuthStats Authenticator::stats() const {
+  auto get = [](const std::atomic<uint64_t>& a) {
+    return a.load(std::memory_order_relaxed);
+  };
+  return {.missing_token = get(missing_),
+          .malformed_token = get(malformed_),
+          .unknown_token = get(unknown_),
+          .expired_token = get(expired_),
+          .permission_denied = get(denied_),
+          .authenticated = get(authenticated_),
+          .reloads = get(reloads_),
+          .reload_failures = get(reload_failures_)};
+}
+
+absl::StatusOr<Grant> CallerGrant(Authenticator* auth,
+                                  const grpc::CallbackServerContext& ctx) {
+  if (auth == nullptr) {
+    return Grant{.role = v1::ADMIN, .prefix = "*", .source = "auth off"};
+  }
+  return auth->Authenticate(ctx.client_metadata());
+}
+
+absl::Status AuthorizeCall(Authenticator* auth,
+                           const grpc::CallbackServerContext& ctx,
+                           absl::string_view what,
+                           absl::Span<const std::string> names, Access access) {
+  if (auth == nullptr) return absl::OkStatus();
+  absl::StatusOr<Grant> grant = auth->Authenticate(ctx.client_metadata());
+  if (!grant.ok()) return grant.status();
+  for (const std::string& name : names) {
+    if (absl::Status s = CheckAccess(*grant, what, name, access); !s.ok()) {
+      auth->Denied(*grant, s);
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> AuthorizedPrefix(
+    Authenticator* auth, const grpc::CallbackServerContext& ctx,
+    absl::string_view requested) {
+  if (auth == nullptr) return std::string(requested);
+  absl::StatusOr<Grant> grant = auth->Authenticate(ctx.client_metadata());
+  if (!grant.ok()) return grant.status();
+  absl::StatusOr<std::string> narrowed = NarrowPrefix(*grant, requested);
+  if (!narrowed.ok()) auth->Denied(*grant, narrowed.status());
+  return narrowed;
+}
+
+}  // namespace cohort::server

@@ -1,0 +1,241 @@
+#include "server/auth.h"
+
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "store/kv_engine.h"
+
+namespace cohort::server {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kAdmin[] = "admin-token-0123456789";
+constexpr char kJob[] = "job1-token-0123456789";
+constexpr char kReader[] = "reader-token-0123456789";
+
+using Metadata = std::multimap<grpc::string_ref, grpc::string_ref>;
+
+Metadata Bearer(const std::string& value) {
+  static std::vector<std::unique_ptr<std::string>> keep;
+  keep.push_back(std::make_unique<std::string>("Bearer " + value));
+  return {{"authorization", *keep.back()}};
+}
+
+TEST(CoversTest, PrefixRootAndLauncherNamespace) {
+  EXPECT_TRUE(Covers("job1/", "job1/a"));
+  EXPECT_TRUE(Covers("job1/", "job1"));  // The run named by the prefix.
+  EXPECT_FALSE(Covers("job1/", "job10"));
+  EXPECT_FALSE(Covers("job1/", "job2/a"));
+  EXPECT_TRUE(Covers("*", "anything"));
+  EXPECT_TRUE(CoversKey("job1/", "/cohortrun/job1/0/rank0"));
+  EXPECT_FALSE(CoversKey("job1/", "/cohortrun/job2/0/rank0"));
+  EXPECT_FALSE(CoversKey("job1/", "/cohort/runs/job1"));
+}
+
+TEST(CheckAccessTest, NamesThePrefixAndTheRole) {
+  Grant rw{.role = v1::READ_WRITE, .prefix = "job1/", .source = "file line 2"};
+  Grant r{.role = v1::READ, .prefix = "job1/", .source = "file line 3"};
+  EXPECT_TRUE(CheckAccess(rw, "key", "job1/x", Access::kWrite).ok());
+  absl::Status outside = CheckAccess(rw, "key", "job2/x", Access::kRead);
+  EXPECT_EQ(outside.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(outside.message(), HasSubstr("prefix 'job1/'"));
+  EXPECT_THAT(outside.message(), HasSubstr("job2/x"));
+  EXPECT_TRUE(CheckAccess(r, "key", "job1/x", Access::kRead).ok());
+  absl::Status write = CheckAccess(r, "run", "job1/x", Access::kWrite);
+  EXPECT_EQ(write.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(write.message(), HasSubstr("read-only"));
+}
+
+TEST(NarrowPrefixTest, CutsToTheGrantOrRefuses) {
+  Grant g{.role = v1::READ, .prefix = "job1/", .source = "s"};
+  EXPECT_EQ(*NarrowPrefix(g, ""), "job1/");
+  EXPECT_EQ(*NarrowPrefix(g, "job1/sub/"), "job1/sub/");
+  EXPECT_EQ(*NarrowPrefix(g, "/cohortrun/"), "/cohortrun/job1/");
+  EXPECT_EQ(NarrowPrefix(g, "job2/").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  Grant admin{.role = v1::ADMIN, .prefix = "*", .source = "s"};
+  EXPECT_EQ(*NarrowPrefix(admin, ""), "");
+}
+
+TEST(ParseTokensFileTest, ParsesRolesCommentsAndBlankLines) {
+  auto parsed = ParseTokensFile(
+      absl::StrCat("# the cluster's tokens\n\n", kAdmin, " admin *\n", kJob,
+                   "\trw job1/   # training job 1\n", kReader, " r job1/\n"),
+      "tokens");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->size(), 3);
+  EXPECT_EQ((*parsed)[0].grant.role, v1::ADMIN);
+  EXPECT_EQ((*parsed)[1].grant.prefix, "job1/");
+  EXPECT_EQ((*parsed)[1].grant.source, "file line 4");
+  EXPECT_EQ((*parsed)[1].digest, TokenDigest(kJob));
+  EXPECT_EQ((*parsed)[2].grant.role, v1::READ);
+}
+
+TEST(ParseTokensFileTest, RefusesBadLinesNamingThemWithoutTheToken) {
+  struct Case {
+    std::string text;
+    std::string says;
+  } cases[] = {
+      {absl::StrCat(kJob, " rw\n"), "tokens:1: expected 3 fields"},
+      {absl::StrCat(kJob, " owner job1/\n"), "unknown role 'owner'"},
+      {"short rw job1/\n", "16 to 4096 printable"},
+      {absl::StrCat(kAdmin, " admin job1/\n"), "admin's prefix must be *"},
+      {absl::StrCat(kJob, " rw *\n"), "needs a prefix"},
+      {absl::StrCat("\n", kJob, " rw a/\n", kJob, " r b/\n"),
+       "tokens:3: the same token as line 2"},
+  };
+  for (const Case& c : cases) {
+    auto parsed = ParseTokensFile(c.text, "tokens");
+    ASSERT_FALSE(parsed.ok()) << c.text;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(parsed.status().message(), HasSubstr(c.says));
+    EXPECT_THAT(parsed.status().message(), Not(HasSubstr(kJob)));
+  }
+}
+
+class AuthenticatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = absl::StrCat(::testing::TempDir(), "/tokens-",
+                         ::testing::UnitTest::GetInstance()
+                             ->current_test_info()
+                             ->name());
+    Write(absl::StrCat(kAdmin, " admin *\n", kJob, " rw job1/\n"));
+    store_ = std::make_unique<store::KvStore>(store::NewMemoryEngine());
+    auto auth = Authenticator::Start(
+        {.tokens_file = path_, .store = store_.get(),
+         .log = [this](absl::string_view line) {
+           logged_.emplace_back(line);
+         }});
+    ASSERT_TRUE(auth.ok()) << auth.status();
+    auth_ = std::move(*auth);
+  }
+  void Write(const std::string& text) {
+    std::ofstream(path_, std::ios::trunc) << text;
+  }
+
+  std::string path_;
+  std::vector<std::string> logged_;
+  std::unique_ptr<store::KvStore> store_;
+  std::unique_ptr<Authenticator> auth_;
+};
+
+TEST_F(AuthenticatorTest, FileTokensAuthenticateOthersDoNot) {
+  auto admin = auth_->Authenticate(Bearer(kAdmin));
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  EXPECT_TRUE(admin->admin());
+  Metadata plain = {{"cohort-token", kJob}};
+  auto job = auth_->Authenticate(plain);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->prefix, "job1/");
+
+  EXPECT_EQ(auth_->Authenticate({}).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(auth_->Authenticate({}).status().message(),
+              HasSubstr("COHORT_TOKEN"));
+  auto unknown = auth_->Authenticate(Bearer("not-a-known-token-000"));
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("unknown or revoked"));
+  Metadata basic = {{"authorization", "Basic abc"}};
+  EXPECT_THAT(auth_->Authenticate(basic).status().message(),
+              HasSubstr("Bearer"));
+  EXPECT_THAT(auth_->Authenticate(Bearer("x")).status().message(),
+              HasSubstr("malformed"));
+  AuthStats stats = auth_->stats();
+  EXPECT_EQ(stats.authenticated, 2);
+  EXPECT_EQ(stats.missing_token, 2);
+  EXPECT_EQ(stats.unknown_token, 1);
+  EXPECT_EQ(stats.malformed_token, 2);
+}
+
+TEST_F(AuthenticatorTest, ThousandsOfFailuresLogOncePerSecond) {
+  const size_t before = logged_.size();
+  for (int i = 0; i < 10000; ++i) {
+    ASSERT_FALSE(auth_->Authenticate(Bearer("garbage-token-garbage")).ok());
+  }
+  EXPECT_EQ(auth_->stats().unknown_token, 10000);
+  EXPECT_LE(logged_.size() - before, 3);
+}
+
+TEST_F(AuthenticatorTest, ReloadTakesNewTokensAndKeepsOldOnError) {
+  Write(absl::StrCat(kAdmin, " admin *\n", kReader, " r job1/\n"));
+  ASSERT_TRUE(auth_->Reload().ok());
+  EXPECT_TRUE(auth_->Authenticate(Bearer(kReader)).ok());
+  EXPECT_FALSE(auth_->Authenticate(Bearer(kJob)).ok());  // Removed.
+
+  Write("broken line\n");
+  absl::Status broken = auth_->Reload();
+  EXPECT_EQ(broken.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(broken.message(), HasSubstr(":1:"));
+  EXPECT_TRUE(auth_->Authenticate(Bearer(kReader)).ok());  // Still in force.
+  EXPECT_EQ(auth_->stats().reload_failures, 1);
+  // A broken file is not retried until it changes again.
+  EXPECT_FALSE(auth_->ReloadIfChanged());
+  EXPECT_EQ(auth_->stats().reload_failures, 1);
+}
+
+TEST_F(AuthenticatorTest, IssuedTokensAreScopedStoredHashedAndRevocable) {
+  Grant admin = *auth_->Authenticate(Bearer(kAdmin));
+  Grant job = *auth_->Authenticate(Bearer(kJob));
+
+  v1::IssueTokenRequest wider;
+  wider.set_role(v1::READ_WRITE);
+  wider.set_prefix("job2/");
+  EXPECT_EQ(auth_->Issue(job, wider).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  v1::IssueTokenRequest as_admin;
+  as_admin.set_role(v1::ADMIN);
+  as_admin.set_prefix("*");
+  EXPECT_EQ(auth_->Issue(job, as_admin).status().code(),
+            absl::StatusCode::kPermissionDenied);
+
+  v1::IssueTokenRequest narrower;
+  narrower.set_role(v1::READ_WRITE);
+  narrower.set_prefix("job1/run7/");
+  narrower.set_description("workers of run 7");
+  auto issued = auth_->Issue(job, narrower);
+  ASSERT_TRUE(issued.ok()) << issued.status();
+  EXPECT_EQ(issued->id(), TokenDigest(issued->token()));
+  // Only the digest is stored.
+  auto stored = store_->TryGet(absl::StrCat(kIssuedTokensPrefix, issued->id()));
+  ASSERT_TRUE(stored.ok() && stored->has_value());
+  EXPECT_THAT(**stored, Not(HasSubstr(issued->token())));
+
+  auto grant = auth_->Authenticate(Bearer(issued->token()));
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  EXPECT_EQ(grant->prefix, "job1/run7/");
+  EXPECT_EQ(auth_->List(job)->tokens_size(), 1);
+  EXPECT_EQ(auth_->List(admin)->tokens(0).description(), "workers of run 7");
+
+  ASSERT_TRUE(auth_->Revoke(job, issued->id()).ok());
+  EXPECT_EQ(auth_->Authenticate(Bearer(issued->token())).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(auth_->Revoke(admin, issued->id()).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(auth_->Revoke(admin, "zz").code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(AuthenticatorTest, IssuedTokensExpire) {
+  Grant admin = *auth_->Authenticate(Bearer(kAdmin));
+  v1::IssueTokenRequest request;
+  request.set_role(v1::READ);
+  request.set_prefix("job3/");
+  request.set_ttl_ms(1);
+  auto issued = auth_->Issue(admin, request);
+  ASSERT_TRUE(issued.ok());
+  absl::SleepFor(absl::Milliseconds(5));
+  auto expired = auth_->Authenticate(Bearer(issued->token()));
+  EXPECT_EQ(expired.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(expired.status().message(), HasSubstr("expired at"));
+  EXPECT_EQ(auth_->stats().expired_token, 1);
+  request.set_ttl_ms(-1);
+  EXPECT_EQ(auth_->Issue(admin, request).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cohort::server
