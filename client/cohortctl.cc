@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,9 +13,12 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/notification.h"
 #include "base/signals.h"
+#include "client/auth_client.h"
 #include "client/remote_store.h"
 
 ABSL_FLAG(std::string, addr, "",
@@ -23,6 +27,21 @@ ABSL_FLAG(double, timeout, 300,
           "seconds that get and wait block for missing keys");
 ABSL_FLAG(double, connect_timeout, 5,
           "seconds to wait for a connection to cohortd");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that signed cohortd's certificate: connect with TLS; "
+          "default $COHORT_TLS_CA");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate, for a cohortd with --tls_client_ca; "
+          "default $COHORT_TLS_CERT");
+ABSL_FLAG(std::string, tls_key, "",
+          "PEM key of --tls_cert; default $COHORT_TLS_KEY");
+ABSL_FLAG(std::string, token_file, "",
+          "file whose first line is the token to call with; default "
+          "$COHORT_TOKEN, else the file $COHORT_TOKEN_FILE names");
+ABSL_FLAG(absl::Duration, ttl, absl::ZeroDuration(),
+          "token issue: the token's lifetime (e.g. 24h); 0: until revoked");
+ABSL_FLAG(std::string, description, "",
+          "token issue: who the token is for, shown by token list");
 
 namespace {
 
@@ -39,6 +58,19 @@ Commands:
   list [PREFIX]             print the keys under PREFIX, one a line
   num-keys                  print the number of keys
   watch [PREFIX]            print changes under PREFIX until interrupted
+
+With auth (cohortd --auth_tokens):
+  whoami                    print the token's role, prefix and source
+  token issue ROLE PREFIX [--ttl=24h] [--description=TEXT]
+                            mint a token (ROLE r, rw or admin) within the
+                            caller's own prefix; prints it (shown once) on
+                            stdout, its id on stderr
+  token revoke ID           revoke an issued token at once
+  token list                print issued tokens: ID ROLE PREFIX EXPIRES
+                            ISSUED_BY DESCRIPTION
+
+Credentials: --token_file or $COHORT_TOKEN; TLS: --tls_ca (and --tls_cert,
+--tls_key for mutual TLS) or $COHORT_TLS_CA, $COHORT_TLS_CERT, $COHORT_TLS_KEY.
 
 Values go to stdout as they are (with a newline when stdout is a terminal).
 Errors go to stderr; the exit status is 1 for a failed call, 2 for misuse.)";
@@ -137,6 +169,57 @@ int RunWatch(cohort::Store& store, const std::string& prefix,
 
 }  // namespace
 
+std::string FormatMs(int64_t ms) {
+  if (ms == 0) return "never";
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(ms),
+                          absl::UTCTimeZone());
+}
+
+int AuthCommand(const std::string& command,
+                const std::vector<std::string>& args,
+                const cohort::ConnectionOptions& options) {
+  auto client = cohort::AuthClient::Connect(options);
+  if (!client.ok()) return Fail(client.status());
+  if (command == "whoami") {
+    if (!args.empty()) return Usage("whoami takes no arguments");
+    auto me = (*client)->WhoAmI();
+    if (!me.ok()) return Fail(me.status());
+    PrintLine(absl::StrCat("role ", cohort::AuthClient::RoleName(me->role()),
+                           " prefix ", me->prefix(), " source ", me->source(),
+                           " expires ", FormatMs(me->expires_unix_ms())));
+    return 0;
+  }
+  const std::string verb = args.empty() ? "" : args[0];
+  if (verb == "issue" && args.size() == 3) {
+    auto issued = (*client)->Issue(args[1], args[2], absl::GetFlag(FLAGS_ttl),
+                                   absl::GetFlag(FLAGS_description));
+    if (!issued.ok()) return Fail(issued.status());
+    PrintLine(issued->token());
+    std::fprintf(stderr, "cohortctl: issued token id %s, expires %s\n",
+                 issued->id().c_str(),
+                 FormatMs(issued->expires_unix_ms()).c_str());
+    return 0;
+  }
+  if (verb == "revoke" && args.size() == 2) {
+    absl::Status revoked = (*client)->Revoke(args[1]);
+    return revoked.ok() ? 0 : Fail(revoked);
+  }
+  if (verb == "list" && args.size() == 1) {
+    auto listed = (*client)->List();
+    if (!listed.ok()) return Fail(listed.status());
+    for (const cohort::v1::TokenInfo& t : listed->tokens()) {
+      PrintLine(absl::StrCat(t.id(), " ",
+                             cohort::AuthClient::RoleName(t.role()), " ",
+                             t.prefix(), " ", FormatMs(t.expires_unix_ms()),
+                             " ", absl::StrReplaceAll(t.issued_by(), {{" ", "_"}}),
+                             " ", t.description()));
+    }
+    return 0;
+  }
+  return Usage(
+      "token takes: issue ROLE PREFIX | revoke ID | list");
+}
+
 int main(int argc, char** argv) {
   // Blocked before any thread (gRPC's included) starts, so `watch` can take
   // them with sigtimedwait.
@@ -150,6 +233,23 @@ int main(int argc, char** argv) {
   cohort::RemoteStoreOptions options;
   options.address = Address();
   options.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout));
+  options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  if (const std::string file = absl::GetFlag(FLAGS_token_file);
+      !file.empty()) {
+    std::ifstream in(file);
+    std::string line;
+    if (!in || !std::getline(in, line) || line.empty()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "cannot read a token from the first line of --token_file ", file)));
+    }
+    options.token = std::string(absl::StripAsciiWhitespace(line));
+  }
+  if (command == "whoami" || command == "token") {
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+    return AuthCommand(command, args, options);
+  }
   auto connected = cohort::RemoteStore::Connect(options);
   if (!connected.ok()) return Fail(connected.status());
   cohort::RemoteStore& store = **connected;

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/security/credentials.h"
 #include "grpcpp/support/sync_stream.h"
 
 namespace cohort {
@@ -49,7 +50,31 @@ struct ConnectionOptions {
   int max_attempts = 5;
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(2);
+
+  // Credentials. Each one left empty is taken from its environment
+  // variable when the connection opens (so workers inherit cohortrun's):
+  // the token sent with every call ($COHORT_TOKEN, or the first line of
+  // the file $COHORT_TOKEN_FILE names).
+  std::string token;
+  // PEM CA that signed cohortd's certificate; set, the connection uses
+  // TLS ($COHORT_TLS_CA).
+  std::string tls_ca_file;
+  // The client's own certificate and key, for cohortd's --tls_client_ca
+  // ($COHORT_TLS_CERT, $COHORT_TLS_KEY).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // The name cohortd's certificate must carry, when it is not the host in
+  // `address` ($COHORT_TLS_SERVER_NAME).
+  std::string tls_server_name;
+  // Whether empty credentials are taken from the environment.
+  bool credentials_from_env = true;
 };
+
+// `options` with its empty credentials filled from the environment (see
+// ConnectionOptions); INVALID_ARGUMENT naming the variable or file when a
+// file cannot be read.
+absl::StatusOr<ConnectionOptions> WithEnvironmentCredentials(
+    ConnectionOptions options);
 
 // How Connection::Call runs one RPC.
 struct CallOptions {
@@ -75,8 +100,15 @@ class Connection {
   const ConnectionOptions& options() const { return options_; }
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
-  // Waits up to connect_timeout for the channel to be ready.
+  // Waits up to connect_timeout for the channel to be ready. Fails sooner,
+  // saying why, when cohortd accepts TCP connections but the handshake
+  // fails (a plaintext client against a TLS port, or the reverse, or a
+  // certificate that does not verify).
   absl::Status WaitConnected();
+
+  // Adds the call's credentials (the token) to `context`. Every call made
+  // on channel() must go through this.
+  void Prepare(grpc::ClientContext* context) const;
 
   // `status` as an absl::Status prefixed by `what`, naming the server when
   // it could not be reached.
@@ -101,6 +133,7 @@ class Connection {
                             absl::StrCat(what, ": ", connected.message()));
       }
       grpc::ClientContext context;
+      Prepare(&context);
       context.set_deadline(absl::ToChronoTime(absl::Now() + call.deadline));
       grpc::Status status = (stub->*method)(&context, request, response);
       if (status.ok()) return absl::OkStatus();
@@ -113,7 +146,11 @@ class Connection {
   }
 
  private:
-  explicit Connection(const ConnectionOptions& options);
+  Connection(const ConnectionOptions& options,
+             std::shared_ptr<grpc::ChannelCredentials> credentials);
+  // Why a channel that TCP reaches does not become ready, or OK when TCP
+  // does not reach it (cohortd down or restarting: keep waiting).
+  absl::Status DiagnoseHandshake() const;
 
   const ConnectionOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -184,6 +221,7 @@ class ResumingStream {
     absl::Status status;
     for (;;) {
       grpc::ClientContext context;
+      connection_->Prepare(&context);
       {
         absl::MutexLock lock(&mu_);
         if (cancelled_) break;

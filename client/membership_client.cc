@@ -121,6 +121,7 @@ class GrpcGroupMember final : public GroupMember {
       req.set_incarnation(incarnation_);
       v1::HeartbeatResponse resp;
       grpc::ClientContext context;
+      connection_->Prepare(&context);
       // Wait for a reconnection (cohortd restarting) rather than failing
       // fast; the next heartbeat is due after one interval anyway.
       context.set_wait_for_ready(true);

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
@@ -95,8 +96,13 @@ bool Covers(absl::string_view prefix, absl::string_view name) {
 
 bool CoversKey(absl::string_view prefix, absl::string_view key) {
   if (Covers(prefix, key)) return true;
-  return absl::StartsWith(key, kLauncherPrefix) &&
-         Covers(prefix, key.substr(kLauncherPrefix.size()));
+  for (absl::string_view space : kRunNamespaces) {
+    if (absl::StartsWith(key, space) &&
+        Covers(prefix, key.substr(space.size()))) {
+      return true;
+    }
+  }
+  return false;
 }
 
 absl::Status CheckAccess(const Grant& grant, absl::string_view what,
@@ -121,15 +127,17 @@ absl::Status CheckAccess(const Grant& grant, absl::string_view what,
 absl::StatusOr<std::string> NarrowPrefix(const Grant& grant,
                                          absl::string_view requested) {
   if (CoversKey(grant.prefix, requested)) return std::string(requested);
-  for (std::string root : {grant.prefix, absl::StrCat(kLauncherPrefix,
-                                                      grant.prefix)}) {
+  std::vector<std::string> roots = {grant.prefix};
+  for (absl::string_view space : kRunNamespaces) {
+    roots.push_back(absl::StrCat(space, grant.prefix));
+  }
+  for (const std::string& root : roots) {
     if (absl::StartsWith(root, requested)) return root;
   }
   return absl::PermissionDeniedError(absl::StrCat(
-      "the token (", grant.source, ") grants only keys under prefix '",
-      grant.prefix, "' (and '", kLauncherPrefix, grant.prefix,
-      "'); prefix '", absl::CHexEscape(requested.substr(0, 256)),
-      "' is outside it"));
+      "the token (", grant.source, ") grants only keys under '",
+      absl::StrJoin(roots, "', '"), "'; prefix '",
+      absl::CHexEscape(requested.substr(0, 256)), "' is outside them"));
 }
 
 std::string TokenDigest(absl::string_view token) {

@@ -46,15 +46,18 @@ enum class Access { kRead, kWrite };
 
 // Where issued tokens are kept: kIssuedTokensPrefix + hex SHA-256 digest.
 inline constexpr absl::string_view kIssuedTokensPrefix = "/cohort/auth/tokens/";
-// The key namespace cohortrun gives the runs it launches; a token's prefix
-// P covers kLauncherPrefix + P too.
-inline constexpr absl::string_view kLauncherPrefix = "/cohortrun/";
+// The key namespaces of runs: the keys of run R live under NAMESPACE + R
+// (cohortrun's workers' torch stores under "/cohortrun/", the store prefix
+// a rendezvous hands out under "runs/"). A token's prefix P covers
+// NAMESPACE + P too, so a token for run R covers R's keys.
+inline constexpr absl::string_view kRunNamespaces[] = {"/cohortrun/",
+                                                       "runs/"};
 
 // Whether `prefix` covers `name`: "*" covers everything; otherwise `name`
 // starts with `prefix`, or `prefix` ends in '/' and `name` is `prefix`
 // without it.
 bool Covers(absl::string_view prefix, absl::string_view name);
-// Covers for keys: also true under kLauncherPrefix + prefix.
+// Covers for keys: also true under each of kRunNamespaces + prefix.
 bool CoversKey(absl::string_view prefix, absl::string_view key);
 
 // Whether `grant` allows `access` on `name` (a key when `what` is "key",
@@ -62,8 +65,8 @@ bool CoversKey(absl::string_view prefix, absl::string_view key);
 absl::Status CheckAccess(const Grant& grant, absl::string_view what,
                          absl::string_view name, Access access);
 // `requested` (a ListKeys/Watch prefix) narrowed to the keys `grant` may
-// read: unchanged when covered; the grant's own root (P, or
-// kLauncherPrefix + P) when that root lies under `requested`;
+// read: unchanged when covered; the grant's first root (P, then each
+// kRunNamespaces + P) that lies under `requested`;
 // PERMISSION_DENIED when they do not meet.
 absl::StatusOr<std::string> NarrowPrefix(const Grant& grant,
                                          absl::string_view requested);

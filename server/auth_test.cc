@@ -32,6 +32,8 @@ TEST(CoversTest, PrefixRootAndLauncherNamespace) {
   EXPECT_TRUE(Covers("*", "anything"));
   EXPECT_TRUE(CoversKey("job1/", "/cohortrun/job1/0/rank0"));
   EXPECT_FALSE(CoversKey("job1/", "/cohortrun/job2/0/rank0"));
+  EXPECT_TRUE(CoversKey("job1/", "runs/job1/0/pg"));
+  EXPECT_FALSE(CoversKey("job1/", "runs/job10/0/pg"));
   EXPECT_FALSE(CoversKey("job1/", "/cohort/runs/job1"));
 }
 

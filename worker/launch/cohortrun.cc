@@ -8,6 +8,9 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -16,9 +19,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/signals.h"
+#include "client/auth_client.h"
 #include "client/membership_client.h"
 #include "client/rendezvous_client.h"
 #include "worker/launch/launcher.h"
@@ -49,15 +54,100 @@ ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(600),
           "how long a rendezvous round may wait for MIN nodes");
 ABSL_FLAG(absl::Duration, last_call_timeout, absl::Seconds(30),
           "once MIN nodes have joined, how long a round waits for more");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that signed cohortd's certificate: connect with TLS; "
+          "default $COHORT_TLS_CA. Workers get it as COHORT_TLS_CA");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate for a cohortd with --tls_client_ca; "
+          "default $COHORT_TLS_CERT. Workers get it as COHORT_TLS_CERT");
+ABSL_FLAG(std::string, tls_key, "",
+          "PEM key of --tls_cert; default $COHORT_TLS_KEY");
+ABSL_FLAG(std::string, token_file, "",
+          "file whose first line is this job's token; default $COHORT_TOKEN, "
+          "else the file $COHORT_TOKEN_FILE names. With a token, cohortrun "
+          "mints one for its workers, valid for this run alone");
+ABSL_FLAG(absl::Duration, worker_token_ttl, absl::Hours(24 * 7),
+          "lifetime of the workers' token (revoked when cohortrun exits; "
+          "this bounds it if cohortrun is killed)");
 ABSL_FLAG(absl::Duration, exit_barrier_timeout, absl::Seconds(300),
           "how long a node whose workers succeeded waits for its peers");
 
 namespace {
 
+// The token cohortrun gives its workers: rw on this run alone (prefix
+// "RUN_ID/", which covers the run, its group and its keys), minted with
+// cohortrun's own token and revoked when cohortrun exits, so a worker never
+// holds the job's (or an admin's) token.
+class WorkerToken {
+ public:
+  static absl::StatusOr<std::unique_ptr<WorkerToken>> Mint(
+      const cohort::ConnectionOptions& connection, const std::string& run_id,
+      absl::Duration ttl) {
+    auto client = cohort::AuthClient::Connect(connection);
+    if (!client.ok()) return client.status();
+    auto me = (*client)->WhoAmI();
+    if (!me.ok()) {
+      return absl::Status(me.status().code(),
+                          absl::StrCat("checking this job's token with cohortd "
+                                       "at ", connection.address, ": ",
+                                       me.status().message()));
+    }
+    const std::string prefix = absl::StrCat(run_id, "/");
+    if (me->prefix() != "*" && !absl::StartsWith(prefix, me->prefix())) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "the token grants prefix '", me->prefix(), "', which does not "
+          "cover run '", run_id, "': name the run inside it (run ids have no "
+          "'/'), e.g. --run-id=",
+          absl::EndsWith(me->prefix(), "/")
+              ? me->prefix().substr(0, me->prefix().size() - 1)
+              : absl::StrCat(me->prefix(), run_id)));
+    }
+    char host[256] = "";
+    gethostname(host, sizeof(host) - 1);
+    auto issued = (*client)->Issue(
+        "rw", prefix, ttl,
+        absl::StrCat("workers of run ", run_id, " on ", host, " (cohortrun ",
+                     getpid(), ")"));
+    if (!issued.ok()) {
+      return absl::Status(
+          issued.status().code(),
+          absl::StrCat("minting the workers' token: ", issued.status().message(),
+                       " (cohortrun needs a rw or admin token)"));
+    }
+    return std::unique_ptr<WorkerToken>(
+        new WorkerToken(*std::move(client), issued->token(), issued->id()));
+  }
+
+  ~WorkerToken() {
+    absl::Status revoked = client_->Revoke(id_);
+    if (!revoked.ok() && !absl::IsNotFound(revoked)) {
+      std::fprintf(stderr,
+                   "cohortrun: could not revoke the workers' token %s: %s "
+                   "(it expires by itself)\n",
+                   id_.substr(0, 12).c_str(),
+                   std::string(revoked.message()).c_str());
+    }
+  }
+
+  const std::string& token() const { return token_; }
+
+ private:
+  WorkerToken(std::unique_ptr<cohort::AuthClient> client, std::string token,
+              std::string id)
+      : client_(std::move(client)),
+        token_(std::move(token)),
+        id_(std::move(id)) {}
+
+  std::unique_ptr<cohort::AuthClient> client_;
+  std::string token_;
+  std::string id_;
+};
+
 constexpr char kUsage[] =
     R"(cohortrun --run-id=ID [--coordinator=HOST:PORT] [--tcpstore=HOST:PORT]
           [--nnodes=MIN:MAX] [--nproc-per-node=K] [--max-restarts=R] [--tee]
-          [--node-id=NAME] -- PROGRAM ARGS...
+          [--node-id=NAME] [--tls-ca=PEM [--tls-cert=PEM --tls-key=PEM]]
+          [--token-file=FILE] -- PROGRAM ARGS...
 
 Joins run ID on cohortd as one node and runs K copies of PROGRAM with the
 environment torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
@@ -69,6 +159,9 @@ so dist.init_process_group("gloo") bootstraps through cohortd, with the
 job's keys under /cohortrun/ID/ROUND/. When a worker or a node fails, every
 node stops its workers and starts them again in a new round, up to R times.
 Exits 0 when all of this node's workers exited 0.
+With auth on cohortd, give this job's token ($COHORT_TOKEN or --token-file):
+the run ID must lie within its prefix, and the workers get a token of their
+own, for this run alone, revoked when cohortrun exits.
 Flags may be written with '-' or '_' (--nproc-per-node, --nproc_per_node).)";
 
 int Usage(const std::string& problem) {
@@ -153,6 +246,46 @@ int main(int argc, char** argv) {
 
   cohort::ConnectionOptions connection;
   connection.address = options.coordinator;
+  connection.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  connection.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  connection.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  if (const std::string file = absl::GetFlag(FLAGS_token_file);
+      !file.empty()) {
+    std::ifstream in(file);
+    std::string line;
+    if (!in || !std::getline(in, line) || line.empty()) {
+      return Usage(absl::StrCat(
+          "--token-file: cannot read a token from the first line of ", file));
+    }
+    connection.token = std::string(absl::StripAsciiWhitespace(line));
+  }
+  auto credentials = cohort::WithEnvironmentCredentials(connection);
+  if (!credentials.ok()) return Usage(std::string(credentials.status().message()));
+  connection = *std::move(credentials);
+  // Workers reach cohortd as cohortrun does, but with their own token.
+  for (auto [name, file] :
+       {std::pair{"COHORT_TLS_CA", connection.tls_ca_file},
+        std::pair{"COHORT_TLS_CERT", connection.tls_cert_file},
+        std::pair{"COHORT_TLS_KEY", connection.tls_key_file},
+        std::pair{"COHORT_TLS_SERVER_NAME", connection.tls_server_name}}) {
+    if (file.empty()) continue;
+    std::error_code ec;
+    std::filesystem::path absolute = std::filesystem::absolute(file, ec);
+    options.worker_env.emplace_back(name, ec ? file : absolute.string());
+  }
+  std::unique_ptr<WorkerToken> worker_token;
+  if (!connection.token.empty()) {
+    auto minted = WorkerToken::Mint(connection, options.run_id,
+                                    absl::GetFlag(FLAGS_worker_token_ttl));
+    if (!minted.ok()) {
+      std::fprintf(stderr, "cohortrun: %s\n",
+                   std::string(minted.status().message()).c_str());
+      return 1;
+    }
+    worker_token = *std::move(minted);
+    options.worker_env.emplace_back("COHORT_TOKEN", worker_token->token());
+    options.worker_env.emplace_back("COHORT_TOKEN_FILE", "");
+  }
   auto rendezvous = cohort::RendezvousClient::Connect(connection);
   auto membership = cohort::MembershipClient::Connect(connection);
   for (const absl::Status& status :
@@ -179,5 +312,6 @@ int main(int argc, char** argv) {
   int status = launcher.Run();
   done = true;
   signals.join();
+  worker_token.reset();  // Revokes it.
   return status;
 }

@@ -451,6 +451,7 @@ std::vector<WorkerSpec> Launcher::WorkerSpecs(const Round& round,
   if (!InEnvironment("OMP_NUM_THREADS") && options_.nproc_per_node > 1) {
     common.emplace_back("OMP_NUM_THREADS", "1");
   }
+  for (const auto& entry : options_.worker_env) common.push_back(entry);
   absl::flat_hash_set<std::string> replaced = {"RANK", "LOCAL_RANK",
                                                "ROLE_RANK"};
   for (const auto& [name, value] : common) replaced.insert(name);

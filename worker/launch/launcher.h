@@ -66,6 +66,9 @@ struct LauncherOptions {
   std::string hostname;
   // PROGRAM ARGS...
   std::vector<std::string> command;
+  // Set in every worker's environment, over what cohortrun's own holds
+  // (cohortrun puts the workers' own token and TLS files here).
+  std::vector<std::pair<std::string, std::string>> worker_env;
 
   absl::Duration heartbeat_interval = absl::Seconds(5);
   // Between SIGTERM and SIGKILL when stopping workers.
