@@ -267,7 +267,8 @@ class TcpStoreProxy::Loop {
     p.side[kDown].fd = fd;
     {
       absl::MutexLock lock(&mu_);
-      tcpstore::EncodeNamespaceHello(name_space_, &p.side[kUp].pending);
+      tcpstore::EncodeNamespaceHello(name_space_, &p.side[kUp].pending,
+                                     options_.token);
     }
     p.give_up = absl::Now() + options_.connect_timeout;
     pairs_.emplace(p.id, std::move(owned));

@@ -46,6 +46,9 @@ struct TcpStoreProxyOptions {
   // Sent in the hello of every connection until SetNamespace changes it.
   // Must pass tcpstore::CheckNamespace.
   std::string name_space;
+  // Sent in every hello when not empty: the token cohortd checks against
+  // the namespace when it runs with auth (wire.h's token hello).
+  std::string token;
   // How long a connection waits for cohortd to accept it, retrying with
   // backoff (cohortd restarting, say), before the proxy gives up and
   // closes the worker's connection. Bytes the worker sends meanwhile wait

@@ -337,6 +337,10 @@ absl::StatusOr<Grant> Authenticator::Authenticate(
         "cohortd requires a token: set COHORT_TOKEN (sent as metadata "
         "\"authorization: Bearer TOKEN\")");
   }
+  return AuthenticateToken(token);
+}
+
+absl::StatusOr<Grant> Authenticator::AuthenticateToken(absl::string_view token) {
   if (!IsTokenText(token)) {
     Fail(malformed_, kMalformed,
          "auth: refused a call whose token is not a token (wrong length or "

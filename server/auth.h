@@ -131,6 +131,10 @@ class Authenticator {
   absl::StatusOr<Grant> Authenticate(
       const std::multimap<grpc::string_ref, grpc::string_ref>& metadata);
 
+  // The grant of `token` itself (as Authenticate, for the TCPStore
+  // listener's token hello).
+  absl::StatusOr<Grant> AuthenticateToken(absl::string_view token);
+
   // Counts a PERMISSION_DENIED and logs it (rate-limited).
   void Denied(const Grant& grant, const absl::Status& why);
 

@@ -21,6 +21,21 @@ int ToMillisArg(absl::Duration d) {
                                             std::numeric_limits<int>::max()));
 }
 
+// The TCPStore listener's check of a token hello: the token's grant must
+// allow writing under the namespace the connection binds.
+std::function<absl::Status(absl::string_view, absl::string_view)>
+TokenHelloCheck(Authenticator* auth) {
+  if (auth == nullptr) return nullptr;
+  return [auth](absl::string_view token, absl::string_view name_space) {
+    absl::StatusOr<Grant> grant = auth->AuthenticateToken(token);
+    if (!grant.ok()) return grant.status();
+    absl::Status allowed =
+        CheckAccess(*grant, "key", name_space, Access::kWrite);
+    if (!allowed.ok()) auth->Denied(*grant, allowed);
+    return allowed;
+  };
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
@@ -145,6 +160,9 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
                                .max_connections = options.max_connections,
                                .allow = options.tcpstore_allow,
                                .prefix = options.tcpstore_prefix,
+                               .authorize = TokenHelloCheck(server->auth_.get()),
+                               .require_token = server->auth_ != nullptr &&
+                                                options.tcpstore_require_token,
                                .log = options.log});
     if (!tcpstore.ok()) return tcpstore.status();
     server->tcpstore_ = std::move(*tcpstore);

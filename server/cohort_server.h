@@ -38,6 +38,11 @@ struct ServerOptions {
   // TcpStoreServerOptions::allow and ::prefix: the listener's access policy.
   std::vector<std::string> tcpstore_allow;
   std::string tcpstore_prefix;
+  // With auth on: whether the TCPStore listener serves only connections
+  // whose hello carries a token covering their namespace (cohortrun's node
+  // proxy sends one). Turning it off serves anonymous torch clients, on
+  // the strength of tcpstore_allow and tcpstore_prefix alone.
+  bool tcpstore_require_token = true;
   StoreServiceOptions store_service;
   // TLS on the gRPC port (tls.h). With TLS gRPC binds the port itself:
   // the plaintext Listener's connection cap and descriptor-exhaustion

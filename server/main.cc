@@ -58,6 +58,12 @@ ABSL_FLAG(std::string, auth_tokens, "",
 ABSL_FLAG(std::string, health_listen, "",
           "HOST:PORT of a plaintext port serving only grpc.health.v1 (for "
           "Kubernetes' gRPC probes when --listen serves TLS); empty: none");
+ABSL_FLAG(bool, tcpstore_require_token, true,
+          "with --auth_tokens: the TCPStore listener serves only connections "
+          "whose hello carries a token covering their namespace (cohortrun's "
+          "node proxy sends its workers' token); false serves anonymous "
+          "torch clients on the strength of --tcpstore_allow and "
+          "--tcpstore_prefix alone");
 ABSL_FLAG(std::string, data_dir, "./cohort-data",
           "folder holding the RocksDB database (--engine=rocksdb)");
 ABSL_FLAG(std::string, engine, "rocksdb",
@@ -226,13 +232,14 @@ int main(int argc, char** argv) {
                  .key_file = absl::GetFlag(FLAGS_tls_key),
                  .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca)};
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
+  options.tcpstore_require_token = absl::GetFlag(FLAGS_tcpstore_require_token);
   // PyTorch's TCPStore protocol has no credentials: with auth on, the
   // listener would be a way around it, so it is served only when asked.
   if (!options.auth_tokens.empty() && !tcpstore_explicit &&
       !options.tcpstore_listen.empty()) {
-    Log("auth is on: not serving the TCPStore protocol, which carries no "
-        "token (give --tcpstore_listen, with --tcpstore_allow and "
-        "--tcpstore_prefix, to serve it anyway)");
+    Log("auth is on: not serving the TCPStore protocol (give "
+        "--tcpstore_listen to serve it to cohortrun's node proxies, which "
+        "send their workers' token)");
     options.tcpstore_listen.clear();
   }
   options.tcpstore_allow = absl::GetFlag(FLAGS_tcpstore_allow);
@@ -253,8 +260,13 @@ int main(int argc, char** argv) {
     const std::string& t = options.tcpstore_listen;
     Log(
         absl::StrFormat("serving the TCPStore protocol on %s:%d (PyTorch "
-                        "1.13-2.0 and 2.1+ clients)",
-                        t.substr(0, t.rfind(':')), (*server)->tcpstore_port()));
+                        "1.13-2.0 and 2.1+ clients)%s",
+                        t.substr(0, t.rfind(':')), (*server)->tcpstore_port(),
+                        !options.auth_tokens.empty() &&
+                                options.tcpstore_require_token
+                            ? "; each connection needs a token hello "
+                              "(cohortrun's node proxy)"
+                            : ""));
   }
 
   if ((*server)->health_port() != 0) {

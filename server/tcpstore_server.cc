@@ -258,6 +258,7 @@ class TcpStoreServer::Loop {
     s.accepted = accepted_.load();
     s.closed_bad_input = closed_bad_input_.load();
     s.refused_not_allowed = refused_not_allowed_.load();
+    s.refused_unauthenticated = refused_unauthenticated_.load();
     s.requests = requests_.load();
     return s;
   }
@@ -606,11 +607,22 @@ class TcpStoreServer::Loop {
       absl::string_view rest = bytes.substr(pos);
       if (!c.greeted) {
         if (!tcpstore::IsNamespaceHello(rest[0])) {
+          if (options_.require_token) {
+            ++refused_unauthenticated_;
+            Close(c,
+                  "this listener needs a token (cohortd runs with "
+                  "--auth_tokens) and a torch client cannot send one: run "
+                  "the job under cohortrun, whose node proxy sends its "
+                  "workers' token",
+                  /*bad_input=*/false);
+            break;
+          }
           c.greeted = true;
           continue;
         }
-        absl::string_view name_space;
-        ParseResult hello = tcpstore::ParseNamespaceHello(rest, &name_space);
+        absl::string_view name_space, token;
+        ParseResult hello =
+            tcpstore::ParseNamespaceHello(rest, &name_space, &token);
         if (hello.status == ParseStatus::kIncomplete) {
           c.need = hello.size;
           break;
@@ -620,7 +632,24 @@ class TcpStoreServer::Loop {
                 /*bad_input=*/true);
           break;
         }
-        c.name_space = absl::StrCat(options_.prefix, name_space);
+        const std::string bound = absl::StrCat(options_.prefix, name_space);
+        if (!token.empty() || options_.require_token) {
+          absl::Status allowed =
+              token.empty()
+                  ? absl::UnauthenticatedError("its hello carries no token")
+              : options_.authorize
+                  ? options_.authorize(token, bound)
+                  : absl::FailedPreconditionError(
+                        "this listener takes no tokens (cohortd runs "
+                        "without --auth_tokens)");
+          if (!allowed.ok()) {
+            ++refused_unauthenticated_;
+            Close(c, absl::StrCat("refused: ", allowed.message()),
+                  /*bad_input=*/false);
+            break;
+          }
+        }
+        c.name_space = bound;
         c.greeted = true;
         pos += hello.size;
         continue;
@@ -1131,6 +1160,7 @@ class TcpStoreServer::Loop {
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> closed_bad_input_{0};
   std::atomic<uint64_t> refused_not_allowed_{0};
+  std::atomic<uint64_t> refused_unauthenticated_{0};
   std::atomic<uint64_t> requests_{0};
 
  public:

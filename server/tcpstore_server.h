@@ -74,6 +74,17 @@ struct TcpStoreServerOptions {
   // the store. Empty: the whole store. Must not be in cohortd's reserved
   // namespace.
   std::string prefix;
+  // Checks the token of a token hello (proto/tcpstore/wire.h) against the
+  // namespace it binds (after `prefix`): OK, or why the connection is
+  // closed. Null: token hellos are refused.
+  std::function<absl::Status(absl::string_view token,
+                             absl::string_view name_space)>
+      authorize;
+  // Serve only connections that open with a token hello that `authorize`
+  // accepts (cohortd sets it when auth is on). Plain torch clients are
+  // then closed at their first byte: they reach such a listener only
+  // through cohortrun's node proxy, which sends its workers' token.
+  bool require_token = false;
   // Where refused connections and bad input are reported: at most one
   // line per log_every, with a count of the lines left out.
   std::function<void(absl::string_view)> log;
@@ -86,6 +97,7 @@ struct TcpStoreServerStats {
   uint64_t accepted = 0;   // Since start.
   uint64_t closed_bad_input = 0;
   uint64_t refused_not_allowed = 0;  // Peers outside `allow`.
+  uint64_t refused_unauthenticated = 0;  // No token, or one refused.
   uint64_t requests = 0;
 };
 

@@ -618,6 +618,85 @@ TEST_F(TcpStoreServerPolicyTest, ThePrefixConfinesEveryConnection) {
   EXPECT_EQ(*store_->TryGet("/outside"), std::optional<std::string>("x"));
 }
 
+TEST_F(TcpStoreServerPolicyTest, WithTokensRequiredOnlyTokenHellosAreServed) {
+  std::vector<std::string> checked;
+  auto server = TcpStoreServer::Start(
+      store_.get(),
+      {.listen = "127.0.0.1:0",
+       .authorize =
+           [&checked](absl::string_view token,
+                      absl::string_view name_space) -> absl::Status {
+             checked.push_back(absl::StrCat(token, " ", name_space));
+             if (token != "good-token-0123456789") {
+               return absl::UnauthenticatedError("unknown token");
+             }
+             if (!absl::StartsWith(name_space, "/cohortrun/job1/")) {
+               return absl::PermissionDeniedError("outside job1/");
+             }
+             return absl::OkStatus();
+           },
+       .require_token = true,
+       .log = [this](absl::string_view line) {
+         absl::MutexLock lock(&mu_);
+         log_.emplace_back(line);
+       },
+       .log_every = absl::ZeroDuration()});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const Dialect d = Dialect::kTorch21;
+  auto hello = [](absl::string_view name_space, absl::string_view token) {
+    std::string bytes;
+    tcpstore::EncodeNamespaceHello(name_space, &bytes, token);
+    Request v = Q(Op::kValidate);
+    v.word = tcpstore::kValidateMagic;
+    tcpstore::EncodeRequest(Dialect::kTorch21, v, &bytes);
+    return bytes;
+  };
+
+  Wire torch((*server)->port());  // A plain torch client: no hello.
+  EXPECT_FALSE(Pings(torch));
+  EXPECT_TRUE(torch.Closed());
+  EXPECT_TRUE(Logged("this listener needs a token"));
+
+  Wire no_token((*server)->port());
+  no_token.Send(hello("/cohortrun/job1/0/", ""));
+  no_token.Send(d, Q(Op::kNumKeys));
+  EXPECT_TRUE(no_token.Closed());
+
+  Wire bad((*server)->port());
+  bad.Send(hello("/cohortrun/job1/0/", "bad-token-0123456789"));
+  bad.Send(d, Q(Op::kNumKeys));
+  EXPECT_TRUE(bad.Closed());
+  EXPECT_TRUE(Logged("refused: unknown token"));
+
+  Wire elsewhere((*server)->port());
+  elsewhere.Send(hello("/cohortrun/job2/0/", "good-token-0123456789"));
+  elsewhere.Send(d, Q(Op::kNumKeys));
+  EXPECT_TRUE(elsewhere.Closed());
+  EXPECT_TRUE(Logged("outside job1/"));
+
+  Wire good((*server)->port());
+  good.Send(hello("/cohortrun/job1/0/", "good-token-0123456789"));
+  good.Send(d, Q(Op::kSet, "k", "v"));
+  good.Send(d, Q(Op::kNumKeys));
+  EXPECT_EQ(good.I64(), 1);
+  EXPECT_EQ(*store_->TryGet("/cohortrun/job1/0/k"),
+            std::optional<std::string>("v"));
+  EXPECT_EQ((*server)->stats().refused_unauthenticated, 4u);
+  EXPECT_EQ(checked.size(), 3u);  // The hello without a token asks nobody.
+}
+
+TEST_F(TcpStoreServerPolicyTest, ATokenHelloNeedsAListenerThatTakesTokens) {
+  auto server = Start({});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::string bytes;
+  tcpstore::EncodeNamespaceHello("/ns/", &bytes, "some-token-0123456789");
+  Wire w((*server)->port());
+  w.Send(bytes);
+  w.Send(Dialect::kTorch21, Q(Op::kNumKeys));
+  EXPECT_TRUE(w.Closed());
+  EXPECT_TRUE(Logged("takes no tokens"));
+}
+
 TEST_F(TcpStoreServerPolicyTest, ABadPolicyIsRefusedAtStart) {
   for (const char* bad : {"10.0.0.0/33", "nonsense", "10.0.0/8", "::1/129"}) {
     auto s = Start({bad});

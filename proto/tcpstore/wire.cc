@@ -270,25 +270,37 @@ absl::Status CheckNamespace(absl::string_view name_space) {
   return absl::OkStatus();
 }
 
-void EncodeNamespaceHello(absl::string_view name_space, std::string* out) {
-  out->append(kNamespaceHelloMagic, sizeof(kNamespaceHelloMagic));
+void EncodeNamespaceHello(absl::string_view name_space, std::string* out,
+                          absl::string_view token) {
+  const char* magic = token.empty() ? kNamespaceHelloMagic : kTokenHelloMagic;
+  out->append(magic, sizeof(kNamespaceHelloMagic));
   Encoder(out).U32(static_cast<uint32_t>(name_space.size()));
   out->append(name_space.data(), name_space.size());
+  if (!token.empty()) {
+    Encoder(out).U32(static_cast<uint32_t>(token.size()));
+    out->append(token.data(), token.size());
+  }
 }
 
 ParseResult ParseNamespaceHello(absl::string_view bytes,
-                                absl::string_view* name_space) {
+                                absl::string_view* name_space,
+                                absl::string_view* token) {
   ParseResult result;
+  if (token != nullptr) *token = absl::string_view();
   const absl::string_view magic(kNamespaceHelloMagic,
                                 sizeof(kNamespaceHelloMagic));
+  const absl::string_view token_magic(kTokenHelloMagic,
+                                      sizeof(kTokenHelloMagic));
   const size_t n = std::min(bytes.size(), magic.size());
-  if (bytes.substr(0, n) != magic.substr(0, n)) {
+  const bool plain = bytes.substr(0, n) == magic.substr(0, n);
+  const bool with_token = bytes.substr(0, n) == token_magic.substr(0, n);
+  if (!plain && !with_token) {
     result.status = ParseStatus::kInvalid;
     result.error = absl::StrCat("bad namespace hello magic \"",
                                 absl::CHexEscape(bytes.substr(0, n)), "\"");
     return result;
   }
-  Decoder d(bytes.substr(std::min(bytes.size(), magic.size())));
+  Decoder d(bytes.substr(n));
   uint32_t length = 0;
   if (n < magic.size() || !d.U32(&length)) {
     result.size = magic.size() + 4;
@@ -308,6 +320,26 @@ ParseResult ParseNamespaceHello(absl::string_view bytes,
     result.status = ParseStatus::kInvalid;
     result.error = std::string(s.message());
     return result;
+  }
+  if (!plain) {
+    // The token after the namespace.
+    Decoder t(bytes.substr(result.size));
+    uint32_t token_length = 0;
+    if (!t.U32(&token_length)) {
+      result.size += 4;
+      return result;
+    }
+    if (token_length == 0 || token_length > kMaxHelloTokenBytes) {
+      result.status = ParseStatus::kInvalid;
+      result.error = absl::StrCat("hello token of ", token_length,
+                                  " bytes (must be 1 to ",
+                                  kMaxHelloTokenBytes, ")");
+      return result;
+    }
+    const size_t token_at = result.size + 4;
+    result.size = token_at + token_length;
+    if (bytes.size() < result.size) return result;
+    if (token != nullptr) *token = bytes.substr(token_at, token_length);
   }
   result.status = ParseStatus::kComplete;
   return result;

@@ -31,6 +31,13 @@
 // sees only the keys under it (cohortrun's node proxy binds each job's
 // workers to /cohortrun/<run id>/<round>/ this way). The dialect is then
 // told from the bytes that follow, as above.
+//
+// A cohortd with tokens (--auth_tokens) takes the hello with a token, whose
+// grant must cover the namespace:
+//
+//   0xC0 'N' 'S' '2'   magic
+//   u32 L, L bytes     the namespace, as above
+//   u32 T, T bytes     the token (1 to kMaxHelloTokenBytes)
 #ifndef COHORT_PROTO_TCPSTORE_WIRE_H_
 #define COHORT_PROTO_TCPSTORE_WIRE_H_
 
@@ -93,6 +100,8 @@ std::optional<Dialect> DetectDialect(absl::string_view first_bytes);
 
 inline constexpr char kNamespaceHelloMagic[4] = {'\xC0', 'N', 'S', '1'};
 inline constexpr size_t kMaxNamespaceBytes = 1024;
+inline constexpr char kTokenHelloMagic[4] = {'\xC0', 'N', 'S', '2'};
+inline constexpr size_t kMaxHelloTokenBytes = 4096;
 
 // Whether a connection whose first byte is `first_byte` opens with a
 // namespace hello (and not a torch request).
@@ -104,8 +113,10 @@ inline bool IsNamespaceHello(char first_byte) {
 // breaks.
 absl::Status CheckNamespace(absl::string_view name_space);
 
-// Appends the hello binding `name_space`. REQUIRES: CheckNamespace is OK.
-void EncodeNamespaceHello(absl::string_view name_space, std::string* out);
+// Appends the hello binding `name_space`, with `token` when it is not
+// empty. REQUIRES: CheckNamespace is OK, token at most kMaxHelloTokenBytes.
+void EncodeNamespaceHello(absl::string_view name_space, std::string* out,
+                          absl::string_view token = "");
 
 // Sizes a request may have; anything larger is refused before it is
 // buffered, so a bad length prefix costs no memory. Keys, values and keys
@@ -149,8 +160,10 @@ ParseResult ParseRequest(Dialect dialect, absl::string_view bytes,
 // parses a request: kComplete with its size and *name_space pointing into
 // `bytes`; kIncomplete with the fewest bytes it can take; kInvalid, as soon
 // as the magic, the length or the namespace shows it, with the reason.
+// *token is set to the token of a hello that carries one, else emptied.
 ParseResult ParseNamespaceHello(absl::string_view bytes,
-                                absl::string_view* name_space);
+                                absl::string_view* name_space,
+                                absl::string_view* token = nullptr);
 
 // Appends `request` as `dialect` sends it. REQUIRES: OpCode(dialect, op).
 void EncodeRequest(Dialect dialect, const Request& request, std::string* out);

@@ -174,6 +174,40 @@ TEST(WireTest, NamespaceHelloRoundTripsAndNeverLooksLikeTorch) {
   }
 }
 
+TEST(WireTest, TokenHelloRoundTrips) {
+  std::string wire;
+  EncodeNamespaceHello("/cohortrun/job/0/", &wire, "tok-0123456789abcdef");
+  EXPECT_EQ(wire.substr(0, 4), Bytes({0xC0, 'N', 'S', '2'}));
+  absl::string_view name_space, token;
+  ParseResult result = ParseNamespaceHello(wire, &name_space, &token);
+  ASSERT_EQ(result.status, ParseStatus::kComplete) << result.error;
+  EXPECT_EQ(result.size, wire.size());
+  EXPECT_EQ(name_space, "/cohortrun/job/0/");
+  EXPECT_EQ(token, "tok-0123456789abcdef");
+  for (size_t n = 0; n < result.size; ++n) {
+    ParseResult partial = ParseNamespaceHello(
+        absl::string_view(wire).substr(0, n), &name_space, &token);
+    ASSERT_EQ(partial.status, ParseStatus::kIncomplete) << n;
+    EXPECT_GT(partial.size, n);
+    EXPECT_LE(partial.size, result.size);
+  }
+  // A plain hello carries none.
+  std::string plain;
+  EncodeNamespaceHello("/ns/", &plain);
+  ASSERT_EQ(ParseNamespaceHello(plain, &name_space, &token).status,
+            ParseStatus::kComplete);
+  EXPECT_TRUE(token.empty());
+  // An absurd token length is refused from the bytes announcing it.
+  std::string absurd(kTokenHelloMagic, 4);
+  Encoder(&absurd).U32(4);
+  absurd.append("/ns/");
+  Encoder(&absurd).U32(1 << 20);
+  ParseResult bad = ParseNamespaceHello(absurd, &name_space, &token);
+  EXPECT_EQ(bad.status, ParseStatus::kInvalid);
+  EXPECT_NE(bad.error.find("hello token of 1048576 bytes"), std::string::npos)
+      << bad.error;
+}
+
 TEST(WireTest, BadNamespaceHellos) {
   auto hello = [](absl::string_view name_space) {
     std::string wire(kNamespaceHelloMagic, 4);

@@ -284,6 +284,7 @@ int main(int argc, char** argv) {
     }
     worker_token = *std::move(minted);
     options.worker_env.emplace_back("COHORT_TOKEN", worker_token->token());
+    options.store_token = worker_token->token();
     options.worker_env.emplace_back("COHORT_TOKEN_FILE", "");
   }
   auto rendezvous = cohort::RendezvousClient::Connect(connection);

@@ -401,6 +401,7 @@ absl::StatusOr<int> Launcher::BindTorchStore(const RendezvousResult& r) {
     TcpStoreProxyOptions proxy;
     proxy.upstream = options_.tcpstore;
     proxy.name_space = name_space;
+    proxy.token = options_.store_token;
     proxy.log = [this](absl::string_view line) { Log(std::string(line)); };
     absl::StatusOr<std::unique_ptr<TcpStoreProxy>> started =
         TcpStoreProxy::Start(std::move(proxy));

@@ -69,6 +69,9 @@ struct LauncherOptions {
   // Set in every worker's environment, over what cohortrun's own holds
   // (cohortrun puts the workers' own token and TLS files here).
   std::vector<std::pair<std::string, std::string>> worker_env;
+  // The token the node's TCPStore proxy sends cohortd for its workers'
+  // torch stores (the workers' own token); empty: none.
+  std::string store_token;
 
   absl::Duration heartbeat_interval = absl::Seconds(5);
   // Between SIGTERM and SIGKILL when stopping workers.
