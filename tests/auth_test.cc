@@ -1,0 +1,210 @@
+// cohortd with tokens, in-process, through real gRPC: rendezvous and
+// membership calls are scoped to the token's prefix like keys are, the
+// reserved namespace keeps issued tokens' digests out of a job's reach, and
+// ten thousand failed authentications leave cohortd serving, counted, with
+// bounded memory.
+#include <unistd.h>
+
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/remote_store.h"
+#include "cohort/v1/coordination.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "server/cohort_server.h"
+#include "store/kv_engine.h"
+
+namespace cohort {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kAdmin[] = "admin-token-0123456789";
+constexpr char kJob1[] = "job1-token-0123456789";
+constexpr char kReader[] = "job1-reader-0123456789";
+
+// This process's resident memory, in bytes.
+int64_t ResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (absl::StartsWith(line, "VmRSS:")) {
+      std::vector<std::string> fields =
+          absl::StrSplit(line, ' ', absl::SkipEmpty());
+      int64_t kib = 0;
+      if (fields.size() >= 2 && absl::SimpleAtoi(fields[1], &kib)) {
+        return kib * 1024;
+      }
+    }
+  }
+  return -1;
+}
+
+class AuthTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tokens_ = absl::StrCat(::testing::TempDir(), "/tokens");
+    std::ofstream(tokens_) << kAdmin << " admin *\n"
+                           << kJob1 << " rw job1/\n"
+                           << kReader << " r job1/\n";
+    auto server = server::CohortServer::Start(
+        std::make_unique<store::KvStore>(store::NewMemoryEngine()),
+        {.listen = "127.0.0.1:0", .auth_tokens = tokens_});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                   grpc::InsecureChannelCredentials());
+    rendezvous_ = v1::Rendezvous::NewStub(channel_);
+    membership_ = v1::Membership::NewStub(channel_);
+  }
+
+  std::unique_ptr<RemoteStore> Client(const std::string& token) {
+    RemoteStoreOptions options;
+    options.address = absl::StrCat("127.0.0.1:", server_->port());
+    options.token = token;
+    options.credentials_from_env = false;
+    options.max_attempts = 1;
+    auto client = RemoteStore::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return std::move(*client);
+  }
+
+  // A context carrying `token`, with a deadline.
+  static std::unique_ptr<grpc::ClientContext> As(const std::string& token) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    context->set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return context;
+  }
+
+  std::string tokens_;
+  std::unique_ptr<server::CohortServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Rendezvous::Stub> rendezvous_;
+  std::unique_ptr<v1::Membership::Stub> membership_;
+};
+
+TEST_F(AuthTest, RunsAndGroupsAreScopedToTheTokensPrefix) {
+  v1::JoinRequest join;
+  join.set_run_id("job2");
+  join.set_node_id("n0");
+  join.set_local_world_size(1);
+  join.set_min_nodes(1);
+  join.set_max_nodes(1);
+  v1::JoinResponse joined;
+  grpc::Status s = rendezvous_->Join(As(kJob1).get(), join, &joined);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(s.error_message(), HasSubstr("prefix 'job1/'"));
+  EXPECT_THAT(s.error_message(), HasSubstr("run 'job2'"));
+
+  join.set_run_id("job1");
+  s = rendezvous_->Join(As(kReader).get(), join, &joined);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(s.error_message(), HasSubstr("read-only"));
+  s = rendezvous_->Join(As(kJob1).get(), join, &joined);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(joined.store_prefix(), "runs/job1/0");
+  // The store prefix the rendezvous handed out is within the token.
+  auto job1 = Client(kJob1);
+  EXPECT_TRUE(job1->Set("runs/job1/0/x", "1").ok());
+  EXPECT_EQ(job1->Set("runs/job2/0/x", "1").code(),
+            absl::StatusCode::kPermissionDenied);
+
+  v1::GetRunStateRequest state;
+  state.set_run_id("job1");
+  v1::RunState run;
+  EXPECT_TRUE(rendezvous_->GetRunState(As(kReader).get(), state, &run).ok());
+  state.set_run_id("job2");
+  EXPECT_EQ(rendezvous_->GetRunState(As(kReader).get(), state, &run)
+                .error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+
+  v1::JoinGroupRequest group;
+  group.set_group("job2");
+  group.set_name("n0");
+  v1::JoinGroupResponse member;
+  EXPECT_EQ(membership_->JoinGroup(As(kJob1).get(), group, &member)
+                .error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  group.set_group("job1");
+  ASSERT_TRUE(membership_->JoinGroup(As(kJob1).get(), group, &member).ok());
+
+  v1::WatchMembersRequest watch;
+  watch.set_group("job2");
+  auto context = As(kJob1);
+  auto reader = membership_->WatchMembers(context.get(), watch);
+  v1::WatchMembersResponse events;
+  EXPECT_FALSE(reader->Read(&events));
+  EXPECT_EQ(reader->Finish().error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+
+  v1::BarrierRequest barrier;
+  barrier.set_group("job2");
+  barrier.set_barrier_id("b");
+  barrier.set_name("n0");
+  v1::BarrierResponse passed;
+  EXPECT_EQ(membership_->Barrier(As(kJob1).get(), barrier, &passed)
+                .error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+
+  // Without a token at all.
+  grpc::ClientContext anonymous;
+  EXPECT_EQ(rendezvous_->Join(&anonymous, join, &joined).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_F(AuthTest, IssuedTokensDigestsAreOutOfAJobsReach) {
+  auto admin = Client(kAdmin);
+  auto job1 = Client(kJob1);
+  auto auth = server_->auth();
+  ASSERT_NE(auth, nullptr);
+  auto issued = auth->Issue(*auth->AuthenticateToken(kAdmin),
+                            [] {
+                              v1::IssueTokenRequest r;
+                              r.set_role(v1::READ);
+                              r.set_prefix("job1/");
+                              return r;
+                            }());
+  ASSERT_TRUE(issued.ok());
+  auto listed = job1->ListKeys("/cohort/auth/");
+  EXPECT_EQ(listed.status().code(), absl::StatusCode::kPermissionDenied);
+  auto all = admin->ListKeys("/cohort/auth/");
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->keys.size(), 1u);
+  EXPECT_THAT(all->keys[0], HasSubstr(issued->id()));
+  // Not even an admin may write cohortd's records by hand.
+  EXPECT_EQ(admin->Set(all->keys[0], "forged").code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(Client(issued->token())->Get("job1/none", absl::Milliseconds(1))
+                  .status()
+                  .code() == absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(AuthTest, TenThousandFailedAuthenticationsLeaveItServing) {
+  auto garbage = Client("garbage-token-0123456789");
+  auto job1 = Client(kJob1);
+  // Warm up gRPC's pools before measuring.
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_EQ(garbage->Set("job1/k", "v").code(),
+              absl::StatusCode::kUnauthenticated);
+  }
+  const int64_t before = ResidentBytes();
+  for (int i = 0; i < 10000; ++i) {
+    absl::Status s = garbage->Set("job1/k", "v");
+    ASSERT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+  }
+  const int64_t after = ResidentBytes();
+  EXPECT_LT(after - before, 16 << 20)
+      << "resident memory grew from " << before << " to " << after;
+  EXPECT_EQ(server_->auth()->stats().unknown_token, 11000u);
+  EXPECT_TRUE(job1->Set("job1/k", "v").ok());
+  EXPECT_EQ(*job1->Get("job1/k", absl::Seconds(1)), "v");
+}
+
+}  // namespace
+}  // namespace cohort
