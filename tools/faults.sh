@@ -42,6 +42,8 @@ tsan_targets=(
   //server:rendezvous_test
   //server:membership_test
   //server:tcpstore_server_test
+  //server:auth_test
+  //tests:auth_test
   //client:tcpstore_proxy_test
   //tests:remote_store_test
   //client:file_store_test
