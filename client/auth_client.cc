@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/auth/roles.h"
 
 namespace cohort {
 
@@ -18,19 +19,6 @@ AuthClient::AuthClient(std::shared_ptr<Connection> connection)
     : connection_(std::move(connection)),
       stub_(v1::Auth::NewStub(connection_->channel())) {}
 
-const char* AuthClient::RoleName(v1::Role role) {
-  switch (role) {
-    case v1::READ:
-      return "r";
-    case v1::READ_WRITE:
-      return "rw";
-    case v1::ADMIN:
-      return "admin";
-    default:
-      return "none";
-  }
-}
-
 absl::StatusOr<v1::WhoAmIResponse> AuthClient::WhoAmI() {
   v1::WhoAmIRequest request;
   v1::WhoAmIResponse response;
@@ -45,16 +33,12 @@ absl::StatusOr<v1::IssueTokenResponse> AuthClient::Issue(
     absl::string_view role, absl::string_view prefix, absl::Duration ttl,
     absl::string_view description) {
   v1::IssueTokenRequest request;
-  if (role == "r") {
-    request.set_role(v1::READ);
-  } else if (role == "rw") {
-    request.set_role(v1::READ_WRITE);
-  } else if (role == "admin") {
-    request.set_role(v1::ADMIN);
-  } else {
+  std::optional<v1::Role> parsed = auth::ParseRole(role);
+  if (!parsed.has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat("role must be r, rw or admin, got '", role, "'"));
   }
+  request.set_role(*parsed);
   if (ttl < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the lifetime must be >= 0");
   }

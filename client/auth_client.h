@@ -30,9 +30,6 @@ class AuthClient {
   absl::Status Revoke(absl::string_view id);
   absl::StatusOr<v1::ListTokensResponse> List();
 
-  // "r", "rw", "admin" or "none".
-  static const char* RoleName(v1::Role role);
-
  private:
   std::shared_ptr<Connection> connection_;
   std::unique_ptr<v1::Auth::Stub> stub_;

@@ -4,7 +4,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,12 +12,12 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/notification.h"
 #include "base/signals.h"
 #include "client/auth_client.h"
+#include "proto/auth/roles.h"
 #include "client/remote_store.h"
 
 ABSL_FLAG(std::string, addr, "",
@@ -184,7 +183,7 @@ int AuthCommand(const std::string& command,
     if (!args.empty()) return Usage("whoami takes no arguments");
     auto me = (*client)->WhoAmI();
     if (!me.ok()) return Fail(me.status());
-    PrintLine(absl::StrCat("role ", cohort::AuthClient::RoleName(me->role()),
+    PrintLine(absl::StrCat("role ", cohort::auth::RoleName(me->role()),
                            " prefix ", me->prefix(), " source ", me->source(),
                            " expires ", FormatMs(me->expires_unix_ms())));
     return 0;
@@ -209,7 +208,7 @@ int AuthCommand(const std::string& command,
     if (!listed.ok()) return Fail(listed.status());
     for (const cohort::v1::TokenInfo& t : listed->tokens()) {
       PrintLine(absl::StrCat(t.id(), " ",
-                             cohort::AuthClient::RoleName(t.role()), " ",
+                             cohort::auth::RoleName(t.role()), " ",
                              t.prefix(), " ", FormatMs(t.expires_unix_ms()),
                              " ", absl::StrReplaceAll(t.issued_by(), {{" ", "_"}}),
                              " ", t.description()));
@@ -238,13 +237,10 @@ int main(int argc, char** argv) {
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   if (const std::string file = absl::GetFlag(FLAGS_token_file);
       !file.empty()) {
-    std::ifstream in(file);
-    std::string line;
-    if (!in || !std::getline(in, line) || line.empty()) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "cannot read a token from the first line of --token_file ", file)));
-    }
-    options.token = std::string(absl::StripAsciiWhitespace(line));
+    absl::StatusOr<std::string> token =
+        cohort::ReadTokenFile(file, "--token_file");
+    if (!token.ok()) return Fail(token.status());
+    options.token = *std::move(token);
   }
   if (command == "whoami" || command == "token") {
     pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);

@@ -84,6 +84,20 @@ Peer ProbePeer(const std::string& address) {
 
 }  // namespace
 
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path,
+                                          absl::string_view what) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  absl::string_view token = absl::StripAsciiWhitespace(line);
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read a token from the first line of ", what, " ",
+                     path, in ? "" : absl::StrCat(": ", std::strerror(errno))));
+  }
+  return std::string(token);
+}
+
 absl::StatusOr<ConnectionOptions> WithEnvironmentCredentials(
     ConnectionOptions options) {
   auto fill = [](std::string& field, const char* variable) {
@@ -94,10 +108,10 @@ absl::StatusOr<ConnectionOptions> WithEnvironmentCredentials(
   if (options.token.empty()) {
     if (const char* file = std::getenv("COHORT_TOKEN_FILE");
         file != nullptr && *file != '\0') {
-      absl::StatusOr<std::string> text = ReadFile(file, "$COHORT_TOKEN_FILE");
-      if (!text.ok()) return text.status();
-      options.token = std::string(absl::StripAsciiWhitespace(
-          absl::string_view(*text).substr(0, text->find('\n'))));
+      absl::StatusOr<std::string> token =
+          ReadTokenFile(file, "$COHORT_TOKEN_FILE");
+      if (!token.ok()) return token.status();
+      options.token = *std::move(token);
     }
   }
   fill(options.tls_ca_file, "COHORT_TLS_CA");

@@ -70,6 +70,11 @@ struct ConnectionOptions {
   bool credentials_from_env = true;
 };
 
+// The token in the first line of `path` (blanks around it dropped);
+// INVALID_ARGUMENT naming `what` and the file when there is none.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path,
+                                          absl::string_view what);
+
 // `options` with its empty credentials filled from the environment (see
 // ConnectionOptions); INVALID_ARGUMENT naming the variable or file when a
 // file cannot be read.

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "proto/auth/roles.h"
 
 namespace cohort::server {
 namespace {
@@ -33,19 +34,6 @@ enum Cause {
   kReload,
   kNumCauses
 };
-
-const char* RoleName(v1::Role role) {
-  switch (role) {
-    case v1::READ:
-      return "r";
-    case v1::READ_WRITE:
-      return "rw";
-    case v1::ADMIN:
-      return "admin";
-    default:
-      return "none";
-  }
-}
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
@@ -177,17 +165,12 @@ absl::StatusOr<std::vector<FileToken>> ParseTokensFile(absl::string_view text,
                               " printable characters without blanks "
                               "(e.g. `openssl rand -hex 32`)"));
     }
-    v1::Role role;
-    if (fields[1] == "r") {
-      role = v1::READ;
-    } else if (fields[1] == "rw") {
-      role = v1::READ_WRITE;
-    } else if (fields[1] == "admin") {
-      role = v1::ADMIN;
-    } else {
+    std::optional<v1::Role> parsed_role = auth::ParseRole(fields[1]);
+    if (!parsed_role.has_value()) {
       return bad(absl::StrCat("unknown role '",
                               absl::CHexEscape(fields[1].substr(0, 32)), "'"));
     }
+    const v1::Role role = *parsed_role;
     if (absl::Status s = CheckGrantShape(role, fields[2]); !s.ok()) {
       return bad(s.message());
     }
@@ -462,7 +445,7 @@ absl::StatusOr<v1::IssueTokenResponse> Authenticator::Issue(
   if (options_.log) {
     options_.log(absl::StrCat(
         "auth: ", caller.source, " issued token ", response.id().substr(0, 12),
-        "... (", RoleName(request.role()), " under '", request.prefix(), "'",
+        "... (", auth::RoleName(request.role()), " under '", request.prefix(), "'",
         expires ? absl::StrCat(", expires ", FormatMs(expires)) : "", ")"));
   }
   return response;

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -19,7 +18,6 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/signals.h"
@@ -251,13 +249,10 @@ int main(int argc, char** argv) {
   connection.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   if (const std::string file = absl::GetFlag(FLAGS_token_file);
       !file.empty()) {
-    std::ifstream in(file);
-    std::string line;
-    if (!in || !std::getline(in, line) || line.empty()) {
-      return Usage(absl::StrCat(
-          "--token-file: cannot read a token from the first line of ", file));
-    }
-    connection.token = std::string(absl::StripAsciiWhitespace(line));
+    absl::StatusOr<std::string> token =
+        cohort::ReadTokenFile(file, "--token-file");
+    if (!token.ok()) return Usage(std::string(token.status().message()));
+    connection.token = *std::move(token);
   }
   auto credentials = cohort::WithEnvironmentCredentials(connection);
   if (!credentials.ok()) return Usage(std::string(credentials.status().message()));
