@@ -39,12 +39,13 @@ using tcpstore::Request;
 // A raw client socket: bytes in, bytes out, nothing interpreted.
 class Wire {
  public:
-  explicit Wire(int port) {
+  // Connects to `host` (an IPv4 address, loopback by default).
+  explicit Wire(int port, uint32_t host = INADDR_LOOPBACK) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in addr = {};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_addr.s_addr = htonl(host);
     connected_ = connect(fd_, reinterpret_cast<struct sockaddr*>(&addr),
                          sizeof(addr)) == 0;
     int one = 1;
@@ -695,6 +696,17 @@ TEST_F(TcpStoreServerPolicyTest, ATokenHelloNeedsAListenerThatTakesTokens) {
   w.Send(Dialect::kTorch21, Q(Op::kNumKeys));
   EXPECT_TRUE(w.Closed());
   EXPECT_TRUE(Logged("takes no tokens"));
+}
+
+TEST_F(TcpStoreServerPolicyTest, ItServesOnlyTheAddressItIsBoundTo) {
+  // Its own bind address, apart from gRPC's: 127.0.0.2 is loopback too,
+  // but a listener there is not reachable at 127.0.0.1.
+  auto server = TcpStoreServer::Start(store_.get(), {.listen = "127.0.0.2:0"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  Wire bound((*server)->port(), 0x7F000002);
+  EXPECT_TRUE(Pings(bound));
+  Wire elsewhere((*server)->port(), INADDR_LOOPBACK);
+  EXPECT_FALSE(elsewhere.connected());
 }
 
 TEST_F(TcpStoreServerPolicyTest, ABadPolicyIsRefusedAtStart) {

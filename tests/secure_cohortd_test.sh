@@ -76,6 +76,14 @@ start_fails "missing key" "go together" --tls_cert="$C/server.crt"
 start_fails "malformed tokens file" "expected 3 fields" \
   --auth_tokens=<(echo "$JOB1 rw")
 
+# With auth on, the TCPStore listener is off unless asked for.
+default_log=$(timeout 5 bash -c "\"$COHORTD\" --listen=127.0.0.1:0 --engine=memory \
+  --auth_tokens=\"$TOKENS\" 2>&1 & p=\$!; sleep 1; kill \$p; wait \$p")
+expect_has "auth on: TCPStore listener off by default" "$default_log" \
+  "not serving the TCPStore protocol"
+grep -q "serving the TCPStore protocol on" <<<"$default_log" &&
+  fail "auth on: the TCPStore listener is on by default: $default_log"
+
 # --- A TLS + mTLS + tokens cohortd. ---
 # Served from copies, so the rotation below can replace them.
 cp "$C/server.crt" "$TMP/serving.crt"
