@@ -11,6 +11,8 @@
 
 namespace cohort::server {
 
+struct WatchGauges;  // reactors.h
+
 class RendezvousService final : public v1::Rendezvous::CallbackService {
  public:
   explicit RendezvousService(Rendezvous* rendezvous)
@@ -36,12 +38,15 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
 class MembershipService final : public v1::Membership::CallbackService {
  public:
   // `store` serves the member-event streams; watch_buffer_bytes bounds a
-  // slow watcher as for store watches.
+  // slow watcher as for store watches, and `watch_gauges` (if not null)
+  // counts them.
   MembershipService(Membership* membership, store::KvStore* store,
-                    size_t watch_buffer_bytes)
+                    size_t watch_buffer_bytes,
+                    WatchGauges* watch_gauges = nullptr)
       : membership_(membership),
         store_(store),
-        watch_buffer_bytes_(watch_buffer_bytes) {}
+        watch_buffer_bytes_(watch_buffer_bytes),
+        watch_gauges_(watch_gauges) {}
 
   grpc::ServerUnaryReactor* JoinGroup(grpc::CallbackServerContext* ctx,
                                       const v1::JoinGroupRequest* req,
@@ -69,6 +74,7 @@ class MembershipService final : public v1::Membership::CallbackService {
   Membership* const membership_;
   store::KvStore* const store_;
   const size_t watch_buffer_bytes_;
+  WatchGauges* const watch_gauges_;
 };
 
 }  // namespace cohort::server

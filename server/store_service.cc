@@ -220,7 +220,7 @@ grpc::ServerUnaryReactor* StoreService::ListKeys(
 grpc::ServerWriteReactor<v1::WatchResponse>* StoreService::Watch(
     grpc::CallbackServerContext*, const v1::WatchRequest* req) {
   auto* reactor = new EventStream<v1::WatchResponse>(
-      store_, options_.watch_buffer_bytes, AppendEvent);
+      store_, options_.watch_buffer_bytes, AppendEvent, options_.watch_gauges);
   reactor->Start(req->prefix(), req->from_revision());
   return reactor;
 }

@@ -16,10 +16,15 @@
 
 namespace cohort::server {
 
+struct WatchGauges;  // reactors.h
+
 struct StoreServiceOptions {
   // A watcher whose unsent events exceed this is ended with
   // RESOURCE_EXHAUSTED; it may resume from the last revision it saw.
   size_t watch_buffer_bytes = 64 << 20;
+  // Where open watches and their unsent bytes are counted (metrics); null:
+  // nowhere. Must outlive the service's streams.
+  WatchGauges* watch_gauges = nullptr;
 };
 
 class StoreService final : public cohort::v1::Store::CallbackService {
