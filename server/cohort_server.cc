@@ -35,15 +35,17 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
 
   std::unique_ptr<CohortServer> server(new CohortServer());
   server->store_ = std::move(store);
-  server->service_ = std::make_unique<StoreService>(server->store_.get(),
-                                                    options.store_service);
+  StoreServiceOptions store_service = options.store_service;
+  store_service.watch_gauges = &server->watch_gauges_;
+  server->service_ =
+      std::make_unique<StoreService>(server->store_.get(), store_service);
   server->membership_ = std::make_unique<Membership>(server->store_.get());
   server->rendezvous_ = std::make_unique<Rendezvous>(server->store_.get());
   server->rendezvous_service_ =
       std::make_unique<RendezvousService>(server->rendezvous_.get());
   server->membership_service_ = std::make_unique<MembershipService>(
       server->membership_.get(), server->store_.get(),
-      options.store_service.watch_buffer_bytes);
+      options.store_service.watch_buffer_bytes, &server->watch_gauges_);
 
   const store::StoreLimits& limits = server->store_->limits();
   // Room for the largest single value plus its key and framing; multi-key
@@ -59,6 +61,20 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   server->port_ = server->listener_->port();
 
   grpc::ServerBuilder builder;
+  if (!options.metrics_listen.empty()) {
+    server->metrics_ = std::make_unique<Metrics>();
+    if (absl::Status s = server->metrics_->Serve(options.metrics_listen);
+        !s.ok()) {
+      return s;
+    }
+    std::vector<
+        std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors;
+    interceptors.push_back(server->metrics_->NewGrpcInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+    server->store_->SetSyncObserver(
+        [m = server->metrics_.get()](absl::Duration d) { m->ObserveWalSync(d); });
+  }
   // Connections come only from the Listener; gRPC opens no port itself.
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->rendezvous_service_.get());
@@ -86,14 +102,30 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   }
   server->listener_->Start(server->server_.get());
   if (!options.tcpstore_listen.empty()) {
+    std::function<void(tcpstore::Op, TcpStoreOutcome, absl::Duration)> on_query;
+    if (Metrics* m = server->metrics_.get()) {
+      on_query = [m](tcpstore::Op op, TcpStoreOutcome outcome,
+                     absl::Duration d) {
+        m->ObserveTcpStoreQuery(op, outcome, d);
+      };
+    }
     auto tcpstore = TcpStoreServer::Start(
         server->store_.get(), {.listen = options.tcpstore_listen,
                                .max_connections = options.max_connections,
                                .allow = options.tcpstore_allow,
                                .prefix = options.tcpstore_prefix,
-                               .log = options.log});
+                               .log = options.log,
+                               .on_query = std::move(on_query)});
     if (!tcpstore.ok()) return tcpstore.status();
     server->tcpstore_ = std::move(*tcpstore);
+  }
+  if (server->metrics_ != nullptr) {
+    server->metrics_->Track({.store = server->store_.get(),
+                             .rendezvous = server->rendezvous_.get(),
+                             .membership = server->membership_.get(),
+                             .grpc_listener = server->listener_.get(),
+                             .tcpstore = server->tcpstore_.get(),
+                             .watches = &server->watch_gauges_});
   }
   {
     absl::MutexLock lock(&server->health_mu_);
@@ -172,6 +204,8 @@ absl::Status CohortServer::Drain(absl::Duration grace) {
   if (tcpstore_ != nullptr) tcpstore_->Stop();
   stopper.join();
   server_->Wait();
+  // Scrapes stop here: what they read is being torn down.
+  if (metrics_ != nullptr) metrics_->StopServing();
   return store_->Flush();
 }
 

@@ -17,6 +17,8 @@
 #include "server/coordination_service.h"
 #include "server/listener.h"
 #include "server/membership.h"
+#include "server/metrics.h"
+#include "server/reactors.h"
 #include "server/rendezvous.h"
 #include "server/store_service.h"
 #include "server/tcpstore_server.h"
@@ -35,6 +37,9 @@ struct ServerOptions {
   // TcpStoreServerOptions::allow and ::prefix: the listener's access policy.
   std::vector<std::string> tcpstore_allow;
   std::string tcpstore_prefix;
+  // HOST:PORT (or :PORT) to serve Prometheus metrics on, at /metrics
+  // (metrics.h); port 0 picks a free one (see metrics_port()). Empty: off.
+  std::string metrics_listen;
   StoreServiceOptions store_service;
   // Connections open at once; more are refused with a GOAWAY saying so.
   size_t max_connections = 16384;
@@ -71,9 +76,14 @@ class CohortServer {
   // Drains if Drain was not called.
   ~CohortServer();
 
-  // The ports actually bound (tcpstore_port: 0 when not serving it).
+  // The ports actually bound (tcpstore_port, metrics_port: 0 when not
+  // serving them).
   int port() const { return port_; }
   int tcpstore_port() const { return tcpstore_ ? tcpstore_->port() : 0; }
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  // Null unless options.metrics_listen was set: where other parts add
+  // their metric families (Metrics::registry()).
+  Metrics* metrics() { return metrics_.get(); }
   // The TCPStore listener's counters; zeros when it is off.
   TcpStoreServerStats tcpstore_stats() {
     return tcpstore_ ? tcpstore_->stats() : TcpStoreServerStats();
@@ -99,6 +109,10 @@ class CohortServer {
   void SetServing(bool serving, const absl::Status& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(health_mu_);
 
+  // First, so they are destroyed last: the streams, the gRPC server's
+  // interceptors and the TCPStore listener report to them until the end.
+  WatchGauges watch_gauges_;
+  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<store::KvStore> store_;
   std::unique_ptr<Membership> membership_;
   std::unique_ptr<Rendezvous> rendezvous_;

@@ -41,6 +41,10 @@ ABSL_FLAG(std::string, tcpstore_prefix, "",
           "every TCPStore connection's keys live under this prefix (a "
           "namespace hello's namespace comes after it), so the listener can "
           "reach nothing else of the store; empty: the whole store");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT (or :PORT for every interface) to serve Prometheus "
+          "metrics on, at /metrics; port 0 picks a free one; empty turns "
+          "them off");
 ABSL_FLAG(std::string, data_dir, "./cohort-data",
           "folder holding the RocksDB database (--engine=rocksdb)");
 ABSL_FLAG(std::string, engine, "rocksdb",
@@ -194,6 +198,7 @@ int main(int argc, char** argv) {
   options.tcpstore_listen = absl::GetFlag(FLAGS_tcpstore_listen);
   options.tcpstore_allow = absl::GetFlag(FLAGS_tcpstore_allow);
   options.tcpstore_prefix = absl::GetFlag(FLAGS_tcpstore_prefix);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.max_connections = RaiseFdLimit(absl::GetFlag(FLAGS_max_connections));
   options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);
   options.log = [](absl::string_view line) { Log(std::string(line)); };
@@ -212,6 +217,13 @@ int main(int argc, char** argv) {
         absl::StrFormat("serving the TCPStore protocol on %s:%d (PyTorch "
                         "1.13-2.0 and 2.1+ clients)",
                         t.substr(0, t.rfind(':')), (*server)->tcpstore_port()));
+  }
+  if ((*server)->metrics_port() != 0) {
+    const std::string& m = options.metrics_listen;
+    const std::string metrics_host = m.substr(0, m.rfind(':'));
+    Log(absl::StrFormat("serving Prometheus metrics on http://%s:%d/metrics",
+                        metrics_host.empty() ? "0.0.0.0" : metrics_host,
+                        (*server)->metrics_port()));
   }
 
   int signal = 0;
