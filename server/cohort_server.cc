@@ -73,7 +73,9 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
     interceptors.push_back(server->metrics_->NewGrpcInterceptorFactory());
     builder.experimental().SetInterceptorCreators(std::move(interceptors));
     server->store_->SetSyncObserver(
-        [m = server->metrics_.get()](absl::Duration d) { m->ObserveWalSync(d); });
+        [m = server->metrics_.get()](absl::Duration d) {
+          m->ObserveWalSync(d);
+        });
   }
   // Connections come only from the Listener; gRPC opens no port itself.
   builder.RegisterService(server->service_.get());

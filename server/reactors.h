@@ -261,8 +261,8 @@ class EventStream final : public grpc::ServerWriteReactor<Response> {
     }
 
     void AddPendingLocked(int64_t delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      pending_bytes_ = static_cast<size_t>(
-          static_cast<int64_t>(pending_bytes_) + delta);
+      pending_bytes_ =
+          static_cast<size_t>(static_cast<int64_t>(pending_bytes_) + delta);
       if (gauges_ != nullptr) gauges_->buffered_bytes += delta;
     }
 

@@ -707,8 +707,8 @@ class TcpStoreServer::Loop {
 
   void Observe(Op op, int64_t read_ns, TcpStoreOutcome outcome) {
     if (!options_.on_query) return;
-    options_.on_query(
-        op, outcome, absl::Nanoseconds(absl::GetCurrentTimeNanos() - read_ns));
+    options_.on_query(op, outcome,
+                      absl::Nanoseconds(absl::GetCurrentTimeNanos() - read_ns));
   }
 
   // ---- requests ----

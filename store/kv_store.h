@@ -124,8 +124,8 @@ struct Event {
 struct StoreStats {
   int64_t keys = 0;
   int64_t revision = 0;
-  size_t waiters = 0;  // WaitForKeys calls pending.
-  size_t watches = 0;  // Watch registrations open.
+  size_t waiters = 0;       // WaitForKeys calls pending.
+  size_t watches = 0;       // Watch registrations open.
   uint64_t disk_bytes = 0;  // KvEngine::DiskBytes.
 };
 
