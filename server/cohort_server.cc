@@ -76,6 +76,7 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   }
   StoreServiceOptions store_options = options.store_service;
   store_options.auth = server->auth_.get();
+  store_options.watch_gauges = &server->watch_gauges_;
   server->auth_service_ = std::make_unique<AuthService>(server->auth_.get());
   server->service_ =
       std::make_unique<StoreService>(server->store_.get(), store_options);
@@ -86,7 +87,8 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
                                           server->auth_.get());
   server->membership_service_ = std::make_unique<MembershipService>(
       server->membership_.get(), server->store_.get(),
-      options.store_service.watch_buffer_bytes, server->auth_.get());
+      options.store_service.watch_buffer_bytes, &server->watch_gauges_,
+      server->auth_.get());
 
   const store::StoreLimits& limits = server->store_->limits();
   // Room for the largest single value plus its key and framing; multi-key
@@ -94,6 +96,22 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   const size_t max_message = std::max<size_t>(
       64 << 20, limits.max_value_bytes + limits.max_key_bytes + (1 << 20));
   grpc::ServerBuilder builder;
+  if (!options.metrics_listen.empty()) {
+    server->metrics_ = std::make_unique<Metrics>();
+    if (absl::Status s = server->metrics_->Serve(options.metrics_listen);
+        !s.ok()) {
+      return s;
+    }
+    std::vector<
+        std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors;
+    interceptors.push_back(server->metrics_->NewGrpcInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+    server->store_->SetSyncObserver(
+        [m = server->metrics_.get()](absl::Duration d) {
+          m->ObserveWalSync(d);
+        });
+  }
   if (options.tls.enabled()) {
     // gRPC adopts only plaintext sockets, so with TLS it binds the port.
     builder.AddListeningPort(options.listen,
@@ -155,6 +173,13 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
     }
   }
   if (!options.tcpstore_listen.empty()) {
+    std::function<void(tcpstore::Op, TcpStoreOutcome, absl::Duration)> on_query;
+    if (Metrics* m = server->metrics_.get()) {
+      on_query = [m](tcpstore::Op op, TcpStoreOutcome outcome,
+                     absl::Duration d) {
+        m->ObserveTcpStoreQuery(op, outcome, d);
+      };
+    }
     auto tcpstore = TcpStoreServer::Start(
         server->store_.get(), {.listen = options.tcpstore_listen,
                                .max_connections = options.max_connections,
@@ -163,9 +188,19 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
                                .authorize = TokenHelloCheck(server->auth_.get()),
                                .require_token = server->auth_ != nullptr &&
                                                 options.tcpstore_require_token,
-                               .log = options.log});
+                               .log = options.log,
+                               .on_query = std::move(on_query)});
     if (!tcpstore.ok()) return tcpstore.status();
     server->tcpstore_ = std::move(*tcpstore);
+  }
+  if (server->metrics_ != nullptr) {
+    server->metrics_->Track({.store = server->store_.get(),
+                             .rendezvous = server->rendezvous_.get(),
+                             .membership = server->membership_.get(),
+                             .grpc_listener = server->listener_.get(),
+                             .tcpstore = server->tcpstore_.get(),
+                             .watches = &server->watch_gauges_,
+                             .auth = server->auth_.get()});
   }
   {
     absl::MutexLock lock(&server->health_mu_);
@@ -285,6 +320,8 @@ absl::Status CohortServer::Drain(absl::Duration grace) {
     health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
     health_server_->Wait();
   }
+  // Scrapes stop here: what they read is being torn down.
+  if (metrics_ != nullptr) metrics_->StopServing();
   return store_->Flush();
 }
 

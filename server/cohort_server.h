@@ -19,6 +19,8 @@
 #include "server/coordination_service.h"
 #include "server/listener.h"
 #include "server/membership.h"
+#include "server/metrics.h"
+#include "server/reactors.h"
 #include "server/rendezvous.h"
 #include "server/store_service.h"
 #include "server/tcpstore_server.h"
@@ -43,6 +45,9 @@ struct ServerOptions {
   // proxy sends one). Turning it off serves anonymous torch clients, on
   // the strength of tcpstore_allow and tcpstore_prefix alone.
   bool tcpstore_require_token = true;
+  // HOST:PORT (or :PORT) to serve Prometheus metrics on, at /metrics
+  // (metrics.h); port 0 picks a free one (see metrics_port()). Empty: off.
+  std::string metrics_listen;
   StoreServiceOptions store_service;
   // TLS on the gRPC port (tls.h). With TLS gRPC binds the port itself:
   // the plaintext Listener's connection cap and descriptor-exhaustion
@@ -89,7 +94,8 @@ class CohortServer {
   // Drains if Drain was not called.
   ~CohortServer();
 
-  // The ports actually bound (tcpstore_port: 0 when not serving it).
+  // The ports actually bound (tcpstore_port, metrics_port: 0 when not
+  // serving them).
   int port() const { return port_; }
   int tcpstore_port() const { return tcpstore_ ? tcpstore_->port() : 0; }
   int health_port() const { return health_port_; }
@@ -101,6 +107,10 @@ class CohortServer {
   // says whether the files on disk are good. Errors name the file; what is
   // in force stays.
   absl::Status Reload();
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  // Null unless options.metrics_listen was set: where other parts add
+  // their metric families (Metrics::registry()).
+  Metrics* metrics() { return metrics_.get(); }
   // The TCPStore listener's counters; zeros when it is off.
   TcpStoreServerStats tcpstore_stats() {
     return tcpstore_ ? tcpstore_->stats() : TcpStoreServerStats();
@@ -128,6 +138,10 @@ class CohortServer {
   void SetServing(bool serving, const absl::Status& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(health_mu_);
 
+  // First, so they are destroyed last: the streams, the gRPC server's
+  // interceptors and the TCPStore listener report to them until the end.
+  WatchGauges watch_gauges_;
+  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<store::KvStore> store_;
   std::unique_ptr<Membership> membership_;
   std::unique_ptr<Rendezvous> rendezvous_;

@@ -147,7 +147,8 @@ MembershipService::WatchMembers(grpc::CallbackServerContext* ctx,
         const size_t bytes = event.ByteSizeLong();
         *msg.add_events() = std::move(event);
         return bytes;
-      });
+      },
+      watch_gauges_);
   reactor->Start(Membership::MembersPrefix(req->group()), req->from_revision());
   return reactor;
 }

@@ -12,6 +12,8 @@
 
 namespace cohort::server {
 
+struct WatchGauges;  // reactors.h
+
 class RendezvousService final : public v1::Rendezvous::CallbackService {
  public:
   // `auth` checks that each call's token covers its run id (auth.h); null:
@@ -41,13 +43,17 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
 class MembershipService final : public v1::Membership::CallbackService {
  public:
   // `store` serves the member-event streams; watch_buffer_bytes bounds a
-  // slow watcher as for store watches. `auth` checks that each call's token
-  // covers its group (auth.h); null: auth off.
+  // slow watcher as for store watches, and `watch_gauges` (if not null)
+  // counts them. `auth` checks that each call's token covers its group
+  // (auth.h); null: auth off.
   MembershipService(Membership* membership, store::KvStore* store,
-                    size_t watch_buffer_bytes, Authenticator* auth = nullptr)
+                    size_t watch_buffer_bytes,
+                    WatchGauges* watch_gauges = nullptr,
+                    Authenticator* auth = nullptr)
       : membership_(membership),
         store_(store),
         watch_buffer_bytes_(watch_buffer_bytes),
+        watch_gauges_(watch_gauges),
         auth_(auth) {}
 
   grpc::ServerUnaryReactor* JoinGroup(grpc::CallbackServerContext* ctx,
@@ -77,6 +83,7 @@ class MembershipService final : public v1::Membership::CallbackService {
   store::KvStore* const store_;
   Authenticator* const auth_;
   const size_t watch_buffer_bytes_;
+  WatchGauges* const watch_gauges_;
 };
 
 }  // namespace cohort::server

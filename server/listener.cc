@@ -209,8 +209,10 @@ void Listener::AcceptLoop() {
       }
       continue;
     }
+    absl::ReleasableMutexLock lock(&mu_);
     if (open_.size() >= options_.max_connections &&
         CountOpen() >= options_.max_connections) {
+      lock.Release();
       Refuse(conn, absl::StrCat("cohortd: too many connections (",
                                 options_.max_connections,
                                 " open, --max_connections); retry later"));
@@ -219,6 +221,7 @@ void Listener::AcceptLoop() {
     int one = 1;
     setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     open_[conn] = Inode(conn);
+    lock.Release();
     grpc::AddInsecureChannelFromFd(server_, conn);
   }
 }
@@ -229,6 +232,11 @@ size_t Listener::CountOpen() {
     if (Inode(here->first) != here->second) open_.erase(here);
   }
   return open_.size();
+}
+
+size_t Listener::open_connections() {
+  absl::MutexLock lock(&mu_);
+  return CountOpen();
 }
 
 void Listener::Refuse(int fd, absl::string_view why) {

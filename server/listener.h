@@ -15,9 +15,11 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "base/log_limiter.h"
 #include "grpcpp/server.h"
 
@@ -61,12 +63,16 @@ class Listener {
   // handed over stay with the gRPC server. Idempotent.
   void Stop();
 
+  // Connections handed to the gRPC server that are still open (checks each
+  // one's descriptor: for a metrics scrape, not per call).
+  size_t open_connections() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   Listener(int fd, int port, ListenerOptions options);
   void AcceptLoop();
   // Connections handed over that are still open (gRPC closes them itself;
   // a tracked fd whose inode changed was closed and reused).
-  size_t CountOpen();
+  size_t CountOpen() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Refuse(int fd, absl::string_view why);
 
   const int fd_;
@@ -76,9 +82,10 @@ class Listener {
   int spare_fd_ = -1;
   std::thread thread_;
   grpc::Server* server_ = nullptr;
-  // fd -> inode of the sockets handed to gRPC. Only the accept thread
-  // touches it.
-  absl::flat_hash_map<int, uint64_t> open_;
+  // fd -> inode of the sockets handed to gRPC: the accept thread's, and
+  // open_connections()'.
+  absl::Mutex mu_;
+  absl::flat_hash_map<int, uint64_t> open_ ABSL_GUARDED_BY(mu_);
   base::LogLimiter log_;  // The accept thread's.
 };
 

@@ -64,6 +64,10 @@ ABSL_FLAG(bool, tcpstore_require_token, true,
           "node proxy sends its workers' token); false serves anonymous "
           "torch clients on the strength of --tcpstore_allow and "
           "--tcpstore_prefix alone");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT (or :PORT for every interface) to serve Prometheus "
+          "metrics on, at /metrics; port 0 picks a free one; empty turns "
+          "them off");
 ABSL_FLAG(std::string, data_dir, "./cohort-data",
           "folder holding the RocksDB database (--engine=rocksdb)");
 ABSL_FLAG(std::string, engine, "rocksdb",
@@ -244,6 +248,7 @@ int main(int argc, char** argv) {
   }
   options.tcpstore_allow = absl::GetFlag(FLAGS_tcpstore_allow);
   options.tcpstore_prefix = absl::GetFlag(FLAGS_tcpstore_prefix);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.max_connections = RaiseFdLimit(absl::GetFlag(FLAGS_max_connections));
   options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);
   options.log = [](absl::string_view line) { Log(std::string(line)); };
@@ -273,6 +278,13 @@ int main(int argc, char** argv) {
     const std::string& h = options.health_listen;
     Log(absl::StrFormat("serving grpc.health.v1 in plaintext on %s:%d",
                         h.substr(0, h.rfind(':')), (*server)->health_port()));
+  }
+  if ((*server)->metrics_port() != 0) {
+    const std::string& m = options.metrics_listen;
+    const std::string metrics_host = m.substr(0, m.rfind(':'));
+    Log(absl::StrFormat("serving Prometheus metrics on http://%s:%d/metrics",
+                        metrics_host.empty() ? "0.0.0.0" : metrics_host,
+                        (*server)->metrics_port()));
   }
 
   int signal = 0;

@@ -159,6 +159,7 @@ absl::StatusOr<v1::JoinGroupResponse> Membership::Join(
     if (old != group.members.end() && old->second.alive) {
       const std::string why = "replaced by a new incarnation (restarted)";
       old->second.alive = false;
+      ++members_failed_;
       if (absl::Status s = RecordLocked(req.group(), old->second.info,
                                         v1::MemberEvent::FAILED, why);
           !s.ok()) {
@@ -256,6 +257,7 @@ void Membership::Sweep() {
       for (auto& [name, live] : group.members) {
         if (!live.alive || now < live.deadline) continue;
         live.alive = false;
+        ++members_failed_;
         const std::string why = absl::StrCat(
             "no heartbeat for ", absl::FormatDuration(LeaseTimeout(live.info)),
             " (", live.info.missed_heartbeats(), " intervals of ",
@@ -344,6 +346,7 @@ Membership::BarrierId Membership::Barrier(const v1::BarrierRequest& req,
         deferred.push_back([done, rejected] { done(rejected); });
       } else {
         id = next_barrier_id_++;
+        ++barrier_arrivals_;
         barrier.arrived.push_back(Arrival{id, req.name(), std::move(done)});
         barrier.here.insert(req.name());
         // A participant already gone when the barrier starts can never
@@ -465,6 +468,7 @@ void Membership::OnBarrierTimeout(const std::string& group_name,
       }
     }
     const size_t n = barrier.participants.size();
+    ++barrier_timeouts_;
     FailBarrierLocked(
         group, barrier_id,
         absl::DeadlineExceededError(absl::StrCat(
@@ -493,6 +497,23 @@ void Membership::Shutdown(absl::Status status) {
     }
   }
   for (auto& fn : deferred) fn();
+}
+
+MembershipStats Membership::stats() {
+  absl::MutexLock lock(&mu_);
+  MembershipStats stats;
+  stats.members_failed = members_failed_;
+  stats.barrier_arrivals = barrier_arrivals_;
+  stats.barrier_timeouts = barrier_timeouts_;
+  for (const auto& [group_name, group] : groups_) {
+    for (const auto& [name, live] : group.members) {
+      if (live.alive) ++stats.members_alive;
+    }
+    for (const auto& [barrier_id, barrier] : group.barriers) {
+      stats.barrier_waiting += barrier.arrived.size();
+    }
+  }
+  return stats;
 }
 
 }  // namespace cohort::server

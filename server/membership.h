@@ -28,6 +28,17 @@
 
 namespace cohort::server {
 
+// What Membership::stats() reports, for monitoring, over all groups.
+struct MembershipStats {
+  size_t members_alive = 0;
+  // Members declared failed (lease expired, or replaced by a restart)
+  // since this process started.
+  uint64_t members_failed = 0;
+  uint64_t barrier_arrivals = 0;  // Barrier calls that waited, since start.
+  uint64_t barrier_timeouts = 0;  // Barriers that timed out, since start.
+  size_t barrier_waiting = 0;     // Arrivals waiting now.
+};
+
 class Membership {
  public:
   using BarrierId = uint64_t;
@@ -63,6 +74,9 @@ class Membership {
 
   // Fails every pending barrier with `status`; later ones fail at once.
   void Shutdown(absl::Status status);
+
+  // Counts for monitoring; takes the lock once, visits every member.
+  MembershipStats stats();
 
  private:
   struct Live {
@@ -122,6 +136,9 @@ class Membership {
   std::map<std::string, Group> groups_ ABSL_GUARDED_BY(mu_);
   int64_t last_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   BarrierId next_barrier_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t members_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t barrier_arrivals_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t barrier_timeouts_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status shutdown_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Last, so it is destroyed first: its callbacks use everything above.

@@ -74,8 +74,11 @@ TEST_F(MembershipTest, MissedHeartbeatsFailAMember) {
     absl::SleepFor(absl::Milliseconds(40));
   }
   EXPECT_THAT(Live(), ::testing::ElementsAre("a", "b"));
+  EXPECT_EQ(members_.stats().members_alive, 2u);
   absl::SleepFor(absl::Milliseconds(250));
   EXPECT_THAT(Live(), ::testing::ElementsAre("b"));
+  EXPECT_EQ(members_.stats().members_alive, 1u);
+  EXPECT_EQ(members_.stats().members_failed, 1u);
   v1::HeartbeatRequest hb;
   hb.set_group("job");
   hb.set_name("a");
@@ -114,7 +117,12 @@ TEST_F(MembershipTest, BarrierTimeoutNamesTheMissing) {
   const int64_t a = Join("a", 0);
   Join("b", 2);
   Arrival& waiting = Arrive("a", a, "init", 50);
+  EXPECT_EQ(members_.stats().barrier_waiting, 1u);
   ASSERT_TRUE(waiting.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  const MembershipStats stats = members_.stats();
+  EXPECT_EQ(stats.barrier_arrivals, 1u);
+  EXPECT_EQ(stats.barrier_timeouts, 1u);
+  EXPECT_EQ(stats.barrier_waiting, 0u);
   EXPECT_EQ(waiting.result.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(waiting.result.status().message(),
               HasSubstr("1/2 arrived; missing: rank 2 (host-b)"));

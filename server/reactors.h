@@ -89,21 +89,29 @@ class PendingUnary final : public grpc::ServerUnaryReactor {
   std::function<void()> cancel_hook_ ABSL_GUARDED_BY(mu_);
 };
 
+// Counts of the watch streams (EventStream) of a server, for monitoring.
+struct WatchGauges {
+  std::atomic<int64_t> streams{0};         // Open now.
+  std::atomic<int64_t> buffered_bytes{0};  // Queued, not yet written.
+};
+
 // Streams KvStore watch events as `Response` messages (which have
 // `start_revision` and repeated events). `append` adds one store event to a
 // message, returning its size in bytes, or 0 to skip it. Events queue and
 // are written one at a time; a client that falls more than `buffer_bytes`
 // behind is ended with RESOURCE_EXHAUSTED rather than growing the server's
-// memory.
+// memory. `gauges`, when not null, counts the stream and its queued bytes
+// and must outlive it.
 template <typename Response>
 class EventStream final : public grpc::ServerWriteReactor<Response> {
  public:
   using Append = std::function<size_t(store::Event&, Response&)>;
 
-  EventStream(store::KvStore* store, size_t buffer_bytes, Append append)
+  EventStream(store::KvStore* store, size_t buffer_bytes, Append append,
+              WatchGauges* gauges = nullptr)
       : store_(store),
-        state_(std::make_shared<State>(this, buffer_bytes, std::move(append))) {
-  }
+        state_(std::make_shared<State>(this, buffer_bytes, std::move(append),
+                                       gauges)) {}
 
   // Registers the KvStore watch and sends the first message.
   void Start(const std::string& prefix, int64_t from_revision) {
@@ -145,8 +153,22 @@ class EventStream final : public grpc::ServerWriteReactor<Response> {
  private:
   class State {
    public:
-    State(EventStream* reactor, size_t limit, Append append)
-        : reactor_(reactor), limit_(limit), append_(std::move(append)) {}
+    State(EventStream* reactor, size_t limit, Append append,
+          WatchGauges* gauges)
+        : reactor_(reactor),
+          limit_(limit),
+          append_(std::move(append)),
+          gauges_(gauges) {
+      if (gauges_ != nullptr) ++gauges_->streams;
+    }
+
+    // The stream's last reference goes with the reactor or, later, with the
+    // store's watch callbacks.
+    ~State() {
+      if (gauges_ == nullptr) return;
+      --gauges_->streams;
+      gauges_->buffered_bytes -= static_cast<int64_t>(pending_bytes_);
+    }
 
     // Queues events (replayed ones arrive before Begin).
     void Push(std::vector<store::Event> events) {
@@ -166,7 +188,7 @@ class EventStream final : public grpc::ServerWriteReactor<Response> {
           const size_t bytes = append_(e, pending_.back());
           tail_bytes_ += bytes;
           sizes_.back() += bytes;
-          pending_bytes_ += bytes;
+          AddPendingLocked(static_cast<int64_t>(bytes));
         }
         if (pending_bytes_ > limit_) {
           CloseLocked(grpc::Status(
@@ -199,7 +221,8 @@ class EventStream final : public grpc::ServerWriteReactor<Response> {
         absl::MutexLock lock(&mu_);
         writing_ = false;
         if (!pending_.empty()) {
-          pending_bytes_ -= std::min(pending_bytes_, sizes_.front());
+          AddPendingLocked(
+              -static_cast<int64_t>(std::min(pending_bytes_, sizes_.front())));
           pending_.pop_front();
           sizes_.pop_front();
         }
@@ -235,9 +258,17 @@ class EventStream final : public grpc::ServerWriteReactor<Response> {
       close_status_ = std::move(status);
       // Drop what is queued, but not the message being written.
       while (pending_.size() > (writing_ ? 1u : 0u)) {
+        AddPendingLocked(
+            -static_cast<int64_t>(std::min(pending_bytes_, sizes_.back())));
         pending_.pop_back();
         sizes_.pop_back();
       }
+    }
+
+    void AddPendingLocked(int64_t delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      pending_bytes_ =
+          static_cast<size_t>(static_cast<int64_t>(pending_bytes_) + delta);
+      if (gauges_ != nullptr) gauges_->buffered_bytes += delta;
     }
 
     Action NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -261,6 +292,7 @@ class EventStream final : public grpc::ServerWriteReactor<Response> {
     EventStream* const reactor_;
     const size_t limit_;
     const Append append_;
+    WatchGauges* const gauges_;
     absl::Mutex mu_;
     std::deque<Response> pending_ ABSL_GUARDED_BY(mu_);
     std::deque<size_t> sizes_ ABSL_GUARDED_BY(mu_);  // Bytes of each message.

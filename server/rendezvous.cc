@@ -196,6 +196,7 @@ void Rendezvous::CompleteLocked(const std::string& run_id, Run& run,
   }
   run.record = record;
   run.has_completed = true;
+  ++rounds_completed_;
 
   const bool inline_list = record.participants_size() <= kMaxInlineParticipants;
   const std::string prefix = absl::StrCat("runs/", run_id, "/", round);
@@ -414,6 +415,17 @@ void Rendezvous::Shutdown(absl::Status status) {
     }
   }
   for (auto& fn : deferred) fn();
+}
+
+RendezvousStats Rendezvous::stats() {
+  absl::MutexLock lock(&mu_);
+  RendezvousStats stats;
+  stats.rounds_completed = rounds_completed_;
+  stats.runs = runs_.size();
+  for (const auto& [run_id, run] : runs_) {
+    stats.waiting_nodes += run.collecting.size();
+  }
+  return stats;
 }
 
 }  // namespace cohort::server

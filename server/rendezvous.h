@@ -26,6 +26,14 @@
 
 namespace cohort::server {
 
+// What Rendezvous::stats() reports, for monitoring (no run ids: a label
+// per run would grow without bound).
+struct RendezvousStats {
+  uint64_t rounds_completed = 0;  // Since this process started.
+  size_t waiting_nodes = 0;       // Joins collecting now, over all runs.
+  size_t runs = 0;                // Runs known (recorded or collecting).
+};
+
 class Rendezvous {
  public:
   using JoinId = uint64_t;
@@ -61,6 +69,9 @@ class Rendezvous {
   // Fails every pending join with `status`, and later ones at once.
   void Shutdown(absl::Status status);
 
+  // Counts for monitoring; takes the lock once, visits every run.
+  RendezvousStats stats();
+
  private:
   struct Pending {
     JoinId id = 0;
@@ -91,6 +102,7 @@ class Rendezvous {
   absl::Mutex mu_;
   std::map<std::string, Run> runs_ ABSL_GUARDED_BY(mu_);
   JoinId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t rounds_completed_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status shutdown_ ABSL_GUARDED_BY(mu_);
   // Last, so it is destroyed first: its callbacks use everything above.
   base::DeadlineTimer timer_;

@@ -55,6 +55,8 @@ TEST_F(RendezvousTest, CompletesAtMaxNodesWithDistinctRanks) {
   Joiner& c = Join(Request("c", 2, 3, 1));
   Joiner& a = Join(Request("a", 2, 3, 2));
   EXPECT_FALSE(a.done.HasBeenNotified());
+  EXPECT_EQ(rdzv_.stats().waiting_nodes, 2u);
+  EXPECT_EQ(rdzv_.stats().rounds_completed, 0u);
   Joiner& b = Join(Request("b", 2, 3, 4));
   for (Joiner* j : {&a, &b, &c}) {
     ASSERT_TRUE(j->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
@@ -73,6 +75,10 @@ TEST_F(RendezvousTest, CompletesAtMaxNodesWithDistinctRanks) {
   EXPECT_EQ(c.result->node_rank(), 2);
   EXPECT_EQ(c.result->first_global_rank(), 6);
   EXPECT_EQ(a.result->participants(2).address(), "c.example:1");
+  const RendezvousStats stats = rdzv_.stats();
+  EXPECT_EQ(stats.rounds_completed, 1u);
+  EXPECT_EQ(stats.waiting_nodes, 0u);
+  EXPECT_EQ(stats.runs, 1u);
 }
 
 TEST_F(RendezvousTest, CompletesAfterLastCallWithMinNodes) {

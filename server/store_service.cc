@@ -277,7 +277,7 @@ grpc::ServerUnaryReactor* StoreService::ListKeys(
 grpc::ServerWriteReactor<v1::WatchResponse>* StoreService::Watch(
     grpc::CallbackServerContext* ctx, const v1::WatchRequest* req) {
   auto* reactor = new EventStream<v1::WatchResponse>(
-      store_, options_.watch_buffer_bytes, AppendEvent);
+      store_, options_.watch_buffer_bytes, AppendEvent, options_.watch_gauges);
   absl::StatusOr<std::string> prefix =
       AuthorizedPrefix(options_.auth, *ctx, req->prefix());
   if (!prefix.ok()) {

@@ -17,6 +17,8 @@
 
 namespace cohort::server {
 
+struct WatchGauges;  // reactors.h
+
 struct StoreServiceOptions {
   // A watcher whose unsent events exceed this is ended with
   // RESOURCE_EXHAUSTED; it may resume from the last revision it saw.
@@ -24,6 +26,9 @@ struct StoreServiceOptions {
   // Checks every call's token against the keys it names (auth.h); null:
   // auth off. Not owned.
   Authenticator* auth = nullptr;
+  // Where open watches and their unsent bytes are counted (metrics); null:
+  // nowhere. Must outlive the service's streams.
+  WatchGauges* watch_gauges = nullptr;
 };
 
 class StoreService final : public cohort::v1::Store::CallbackService {

@@ -285,6 +285,9 @@ class TcpStoreServer::Loop {
     bool reading = false;
     bool closing = false;
     Block block = Block::kNone;
+    // The blocked request's query and when it was read (for on_query).
+    Op blocked_op = Op::kWait;
+    int64_t blocked_since_ns = 0;
     uint64_t seq = 0;  // Numbers blocking requests; stale completions differ.
     store::KvStore::WaitId wait_id = 0;
     std::vector<std::string> wait_keys;
@@ -561,10 +564,12 @@ class TcpStoreServer::Loop {
     if (batch_.empty()) return;
     std::vector<store::ChangeResult> results = store_->ApplyBatch(batch_);
     for (size_t i = 0; i < results.size(); ++i) {
-      Conn* c = Find(batch_from_[i].first);
-      if (c == nullptr) continue;
-      const Op op = batch_from_[i].second;
       const store::ChangeResult& r = results[i];
+      const Op op = batch_from_[i].op;
+      Observe(op, batch_from_[i].read_ns,
+              r.status.ok() ? TcpStoreOutcome::kOk : TcpStoreOutcome::kFailed);
+      Conn* c = Find(batch_from_[i].conn);
+      if (c == nullptr) continue;
       if (!r.status.ok()) {
         Close(*c, absl::StrCat(OpName(op), " failed: ", r.status.message()),
               false);
@@ -594,7 +599,7 @@ class TcpStoreServer::Loop {
     change.expected = keep(change.expected);
     if (batch_.empty()) batch_since_ns_ = absl::GetCurrentTimeNanos();
     batch_.push_back(change);
-    batch_from_.emplace_back(c.id, op);
+    batch_from_.push_back({.conn = c.id, .op = op, .read_ns = read_ns_});
     if (op != Op::kSet && op != Op::kAppend) batch_wants_reply_ = true;
   }
 
@@ -670,6 +675,10 @@ class TcpStoreServer::Loop {
           CancelBlock(c);
           Encoder(&c.out).U8(static_cast<uint8_t>(WaitReply::kWaitCanceled));
           ++pos;
+          if (options_.on_query) {
+            Observe(Op::kCancelWait, absl::GetCurrentTimeNanos(),
+                    TcpStoreOutcome::kOk);
+          }
           continue;
         }
         break;
@@ -691,14 +700,44 @@ class TcpStoreServer::Loop {
       }
       pos += parsed.size;
       ++requests_;
+      read_ns_ = options_.on_query ? absl::GetCurrentTimeNanos() : 0;
       if (c.name_space.empty()) {
         Handle(c, request);
       } else {
         std::deque<std::string> keys;
         Handle(c, InNamespace(c.name_space, request, keys));
       }
+      Handled(c, request.op);
     }
     return pos;
+  }
+
+  // Reports a request Handle dealt with at once; those it queued are
+  // reported by CommitBatch, those that block when they end (ClearBlock).
+  void Handled(Conn& c, Op op) {
+    if (!options_.on_query) return;
+    if (c.closing) return Observe(op, read_ns_, TcpStoreOutcome::kFailed);
+    if (c.block != Block::kNone) {
+      c.blocked_op = op;
+      c.blocked_since_ns = read_ns_;
+      return;
+    }
+    switch (op) {
+      case Op::kSet:
+      case Op::kAppend:
+      case Op::kAdd:
+      case Op::kCompareSet:
+      case Op::kDeleteKey:
+        return;
+      default:
+        return Observe(op, read_ns_, TcpStoreOutcome::kOk);
+    }
+  }
+
+  void Observe(Op op, int64_t read_ns, TcpStoreOutcome outcome) {
+    if (!options_.on_query) return;
+    options_.on_query(op, outcome,
+                      absl::Nanoseconds(absl::GetCurrentTimeNanos() - read_ns));
   }
 
   // ---- requests ----
@@ -991,10 +1030,11 @@ class TcpStoreServer::Loop {
   void Complete(Conn& c, uint64_t seq, const absl::Status& status) {
     if (c.closing || c.block == Block::kNone || c.seq != seq) return;
     if (!status.ok()) {
+      ClearBlock(c, TcpStoreOutcome::kFailed);
       Close(c, absl::StrCat("wait ended: ", status.message()), false);
       return;
     }
-    ClearBlock(c);
+    ClearBlock(c, TcpStoreOutcome::kOk);
     StopWaiting(c);
     MarkReady(c);
   }
@@ -1024,9 +1064,11 @@ class TcpStoreServer::Loop {
     }
   }
 
-  // Forgets the connection's blocked request, wherever it is indexed.
-  void ClearBlock(Conn& c) {
+  // Forgets the connection's blocked request, wherever it is indexed; it
+  // ended with `outcome`.
+  void ClearBlock(Conn& c, TcpStoreOutcome outcome) {
     if (c.block == Block::kNone) return;
+    Observe(c.blocked_op, c.blocked_since_ns, outcome);
     --blocked_;
     if (c.block == Block::kWait) {
       for (const std::string& k : c.wait_keys) {
@@ -1054,7 +1096,7 @@ class TcpStoreServer::Loop {
 
   void CancelBlock(Conn& c) {
     if (c.block == Block::kWait) store_->CancelWait(c.wait_id);
-    ClearBlock(c);
+    ClearBlock(c, TcpStoreOutcome::kCancelled);
   }
 
   // ---- cross-thread hand-off ----
@@ -1137,13 +1179,20 @@ class TcpStoreServer::Loop {
   int accepted_this_pass_ = 0;
   bool accept_deferred_ = false;
   int64_t last_activity_ns_ = 0;
+  // When the request being handled was read (0 without on_query).
+  int64_t read_ns_ = 0;
   // Changes read but not committed, the connection and query of each, and
   // the strings they point to.
   static constexpr size_t kMaxBatchChanges = 4096;
   static constexpr size_t kMaxBatchBytes = 4 << 20;
   static constexpr int64_t kMaxBatchDelayNs = 200'000;
   std::vector<store::Change> batch_;
-  std::vector<std::pair<uint64_t, Op>> batch_from_;
+  struct Queued {
+    uint64_t conn = 0;
+    Op op = Op::kSet;
+    int64_t read_ns = 0;  // For on_query.
+  };
+  std::vector<Queued> batch_from_;
   std::deque<std::string> batch_strings_;
   size_t batch_bytes_ = 0;
   bool batch_wants_reply_ = false;

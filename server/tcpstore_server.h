@@ -45,9 +45,19 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "proto/tcpstore/wire.h"
 #include "store/kv_store.h"
 
 namespace cohort::server {
+
+// What became of one TCPStore request (TcpStoreServerOptions::on_query).
+enum class TcpStoreOutcome {
+  kOk,      // Answered; for a request without a reply (SET), applied.
+  kFailed,  // Refused or failed in the store: its connection was closed.
+  // A blocked WAIT or BARRIER given up: CANCEL_WAIT, the client gone, or
+  // the server stopping.
+  kCancelled,
+};
 
 struct TcpStoreServerOptions {
   // HOST:PORT; port 0 picks a free one (see port()). 29400 is what
@@ -89,6 +99,11 @@ struct TcpStoreServerOptions {
   // line per log_every, with a count of the lines left out.
   std::function<void(absl::string_view)> log;
   absl::Duration log_every = absl::Seconds(1);
+  // Called once per request (metrics): when it is answered, applied,
+  // refused or given up, with its query, outcome and the time since it was
+  // read. Runs on the loop thread that serves every connection, so it must
+  // be quick and must not block. Null: not called.
+  std::function<void(tcpstore::Op, TcpStoreOutcome, absl::Duration)> on_query;
 };
 
 struct TcpStoreServerStats {

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 
 namespace rocksdb {
@@ -91,6 +92,17 @@ class KvEngine {
   // that stopped after a failed write tries to resume here once the cause
   // is gone, so calling this periodically is how writes come back.
   virtual absl::Status CheckWritable() { return absl::OkStatus(); }
+
+  // The bytes the engine's files take on disk (0 in memory), for
+  // monitoring. Scans the data dir, so call it seldom. Unlike the calls
+  // above it may run concurrently with them (it reads only the folder).
+  virtual uint64_t DiskBytes() const { return 0; }
+
+  // From now on, `observe` gets the time each write-ahead-log sync takes
+  // (each Apply with sync_writes, each Flush); null stops it. It runs
+  // inside Apply and Flush, so it must be fast. Engines without a log
+  // never call it.
+  virtual void SetSyncObserver(std::function<void(absl::Duration)> observe) {}
 };
 
 // An engine that keeps everything in memory and loses it on exit.

@@ -614,4 +614,24 @@ absl::Status KvStore::Flush() {
   return engine_->Flush();
 }
 
+StoreStats KvStore::stats() {
+  StoreStats stats;
+  const KvEngine* engine;
+  {
+    absl::MutexLock lock(&mu_);
+    stats.keys = engine_->NumKeys();
+    stats.revision = revision_;
+    stats.waiters = waiters_.size();
+    stats.watches = watchers_.size();
+    engine = engine_.get();
+  }
+  stats.disk_bytes = engine->DiskBytes();
+  return stats;
+}
+
+void KvStore::SetSyncObserver(std::function<void(absl::Duration)> observe) {
+  absl::MutexLock lock(&mu_);
+  engine_->SetSyncObserver(std::move(observe));
+}
+
 }  // namespace cohort::store

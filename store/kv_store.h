@@ -120,6 +120,15 @@ struct Event {
   int64_t revision = 0;
 };
 
+// What KvStore::stats() reports, for monitoring.
+struct StoreStats {
+  int64_t keys = 0;
+  int64_t revision = 0;
+  size_t waiters = 0;       // WaitForKeys calls pending.
+  size_t watches = 0;       // Watch registrations open.
+  uint64_t disk_bytes = 0;  // KvEngine::DiskBytes.
+};
+
 class KvStore {
  public:
   using WaitId = uint64_t;
@@ -218,6 +227,16 @@ class KvStore {
   // or RESOURCE_EXHAUSTED while the data disk is full. cohortd's health
   // follows it.
   absl::Status CheckWritable();
+
+  // Counts for monitoring. Scans the data dir (KvEngine::DiskBytes) outside
+  // the store's lock: for a metrics scrape, not for every request.
+  StoreStats stats() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // KvEngine::SetSyncObserver: `observe` gets each write-ahead-log sync's
+  // time. It runs under the store's lock: it must not block or call back
+  // into the store.
+  void SetSyncObserver(std::function<void(absl::Duration)> observe)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Waiter;

@@ -69,6 +69,29 @@ TEST_P(KvStoreTest, SetThenGet) {
   EXPECT_EQ(*Get("empty"), "");
 }
 
+TEST_P(KvStoreTest, StatsCountKeysWaitersAndWatches) {
+  ASSERT_TRUE(store_->Set("a", "1").ok());
+  StoreStats stats = store_->stats();
+  EXPECT_EQ(stats.keys, 1);
+  EXPECT_EQ(stats.revision, 1);
+  EXPECT_EQ(stats.waiters, 0u);
+  EXPECT_EQ(stats.watches, 0u);
+  KvStore::WaitId wait = store_->WaitForKeys(
+      {"missing"}, false, absl::Seconds(10), [](absl::StatusOr<ReadResult>) {});
+  auto watch = store_->Watch("", 0, [](std::vector<Event>) {},
+                             [](absl::Status) {});
+  ASSERT_TRUE(watch.ok());
+  stats = store_->stats();
+  EXPECT_EQ(stats.waiters, 1u);
+  EXPECT_EQ(stats.watches, 1u);
+  store_->CancelWait(wait);
+  store_->CancelWatch(watch->id);
+  stats = store_->stats();
+  EXPECT_EQ(stats.waiters, 0u);
+  EXPECT_EQ(stats.watches, 0u);
+  EXPECT_EQ(stats.disk_bytes > 0, GetParam() == "rocksdb");
+}
+
 TEST_P(KvStoreTest, BinaryKeysAndValues) {
   const std::string key("a\0b\xff", 4), value("\0\1\2", 3);
   ASSERT_TRUE(store_->Set(key, value).ok());

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "absl/container/flat_hash_set.h"
@@ -253,7 +254,11 @@ class RocksDbEngine final : public KvEngine {
     if (put_bytes > 0) {
       if (absl::Status s = Admit(put_bytes); !s.ok()) return s;
     }
+    const absl::Time started = absl::Now();
     rocksdb::Status written = db_->Write(write_options_, &batch);
+    if (write_options_.sync && on_sync_ && written.ok()) {
+      on_sync_(absl::Now() - started);
+    }
     if (!written.ok()) {
       failed_ = FromRocks(written, "write");
       if (absl::IsResourceExhausted(failed_)) {
@@ -324,11 +329,32 @@ class RocksDbEngine final : public KvEngine {
   absl::Status Flush() override {
     if (absl::Status s = CheckWritable(); !s.ok()) return s;
     if (db_ == nullptr) return failed_;
+    const absl::Time started = absl::Now();
     if (absl::Status s = FromRocks(db_->FlushWAL(/*sync=*/true), "flush wal");
         !s.ok()) {
       return s;
     }
+    if (on_sync_) on_sync_(absl::Now() - started);
     return FromRocks(db_->Flush(rocksdb::FlushOptions()), "flush");
+  }
+
+  uint64_t DiskBytes() const override {
+    namespace fs = std::filesystem;
+    uint64_t total = 0;
+    std::error_code ec;
+    // A file removed mid-scan (compaction) is skipped, not an error.
+    for (fs::recursive_directory_iterator it(path_, ec), end;
+         !ec && it != end; it.increment(ec)) {
+      std::error_code size_ec;
+      if (!it->is_regular_file(size_ec)) continue;
+      const uintmax_t size = it->file_size(size_ec);
+      if (!size_ec) total += size;
+    }
+    return total;
+  }
+
+  void SetSyncObserver(std::function<void(absl::Duration)> observe) override {
+    on_sync_ = std::move(observe);
   }
 
   absl::Status CheckWritable() override {
@@ -467,6 +493,7 @@ class RocksDbEngine final : public KvEngine {
   const std::string path_;
   const uint64_t min_free_bytes_;
   rocksdb::WriteOptions write_options_;
+  std::function<void(absl::Duration)> on_sync_;
   absl::flat_hash_set<std::string> keys_;
   int64_t revision_ = 0;
   // The error of the last failed write; RocksDB refuses writes after it

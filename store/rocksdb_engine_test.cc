@@ -47,6 +47,30 @@ TEST(RocksDbEngineTest, KeysCountersAndRevisionSurviveReopen) {
   EXPECT_EQ(*store.Set("d", "4"), revision + 1);
 }
 
+TEST(RocksDbEngineTest, StatsCountDiskBytesAndTimeSyncs) {
+  const std::string dir = FreshDir("stats");
+  auto engine = OpenRocksDbEngine({.path = dir, .sync_writes = true});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  KvStore store(std::move(*engine));
+  std::atomic<int> syncs{0};
+  store.SetSyncObserver([&](absl::Duration d) {
+    EXPECT_GE(d, absl::ZeroDuration());
+    ++syncs;
+  });
+  ASSERT_TRUE(store.Set("a", std::string(4096, 'x')).ok());
+  ASSERT_TRUE(store.Set("b", "2").ok());
+  EXPECT_EQ(syncs.load(), 2);  // One per synced write.
+  ASSERT_TRUE(store.Flush().ok());
+  EXPECT_EQ(syncs.load(), 3);  // And the flush's.
+  StoreStats stats = store.stats();
+  EXPECT_EQ(stats.keys, 2);
+  EXPECT_EQ(stats.revision, 2);
+  EXPECT_GT(stats.disk_bytes, 4096u);
+  store.SetSyncObserver(nullptr);
+  ASSERT_TRUE(store.Set("c", "3").ok());
+  EXPECT_EQ(syncs.load(), 3);
+}
+
 TEST(RocksDbEngineTest, SecondOpenOfALockedDirectoryFailsClearly) {
   const std::string dir = FreshDir("locked");
   auto first = OpenRocksDbEngine({.path = dir});

@@ -92,14 +92,15 @@ LOG=$TMP/cohortd.log
 "$COHORTD" --listen=127.0.0.1:0 --engine=memory --auth_tokens="$TOKENS" \
   --tls_cert="$TMP/serving.crt" --tls_key="$TMP/serving.key" \
   --tls_client_ca="$C/ca.crt" --health_listen=127.0.0.1:0 \
-  --tcpstore_listen=127.0.0.1:0 2>"$LOG" &
+  --tcpstore_listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 2>"$LOG" &
 PID=$!
 trap 'kill -9 $PID 2>/dev/null' EXIT
 for _ in $(seq 300); do
   PORT=$(sed -n 's/.*serving cohort.v1.Store on [^;]*:\([0-9]*\);.*/\1/p' "$LOG")
   HPORT=$(sed -n 's/.*serving grpc.health.v1 in plaintext on [^ ]*:\([0-9]*\)$/\1/p' "$LOG")
   TSPORT=$(sed -n 's/.*serving the TCPStore protocol on 127.0.0.1:\([0-9]*\).*/\1/p' "$LOG")
-  [[ -n "$PORT" && -n "$HPORT" && -n "$TSPORT" ]] && break
+  METRICS=$(sed -n 's|.*serving Prometheus metrics on \(http://[^ ]*\)$|\1|p' "$LOG")
+  [[ -n "$PORT" && -n "$HPORT" && -n "$TSPORT" && -n "$METRICS" ]] && break
   sleep 0.05
 done
 [[ -n "$PORT" ]] || { cat "$LOG"; echo "FAIL: cohortd did not start"; exit 1; }
@@ -273,6 +274,25 @@ expect_has "buf Set outside the prefix" "$denied" "permission_denied"
 health=$("$BUF" curl --protocol grpc --http2-prior-knowledge -d '{"service":"liveness"}' \
   "http://127.0.0.1:$HPORT/grpc.health.v1.Health/Check" 2>&1)
 expect_eq "plaintext health port" "$(field status <<<"$health")" "SERVING"
+
+# --- Auth failures are counted in the metrics, which promtool passes. ---
+scrape=$("$PYTHON" -c "import sys, urllib.request
+sys.stdout.write(urllib.request.urlopen('$METRICS').read().decode())")
+lint=$(/usr/bin/promtool check metrics <<<"$scrape" 2>&1)
+[[ -z "$lint" ]] || fail "promtool check metrics: $lint"
+metric() {  # NAME{LABELS} -> its value (0 when absent)
+  awk -v m="$1" '$1 == m { v = $2 } END { print v + 0 }' <<<"$scrape"
+}
+at_least() {  # WHAT VALUE MIN
+  awk -v v="$2" -v min="$3" 'BEGIN { exit !(v >= min) }' ||
+    fail "$1: $2, expected at least $3"
+}
+at_least "missing-token failures" "$(metric 'cohort_auth_failures_total{reason="missing_token"}')" 1
+at_least "unknown-token failures" "$(metric 'cohort_auth_failures_total{reason="unknown_token"}')" 3
+at_least "permission denials" "$(metric 'cohort_auth_failures_total{reason="permission_denied"}')" 5
+at_least "TCPStore connections without a token" \
+  "$(metric 'cohort_tcpstore_connections_refused_total{reason="unauthenticated"}')" 1
+at_least "token file loads" "$(metric 'cohort_auth_token_file_loads_total{outcome="ok"}')" 3
 
 kill -0 $PID 2>/dev/null || fail "cohortd died"
 if ((failures)); then
