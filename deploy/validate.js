@@ -318,13 +318,6 @@ function checkContainer(where, o, pod, c, ctx) {
       ctx.needKeys(at, kind, name, [rel], source.optional);
     }
   }
-  for (const v of spec.volumes || []) {
-    const source = v.secret || v.configMap;
-    if (!source) continue;
-    const kind = v.secret ? "Secret" : "ConfigMap";
-    const name = v.secret ? v.secret.secretName : v.configMap.name;
-    ctx.needKeys(`${where} volume ${v.name}`, kind, name, (source.items || []).map((i) => i.key), source.optional);
-  }
   // Hardening and sizing.
   const sc = c.securityContext || {};
   const podSc = spec.securityContext || {};
@@ -379,9 +372,17 @@ function checkCohortd(where, o, c, render) {
     }
     if ((p.grpc.service || "") !== service) problem(at, `${probe} should ask for service "${service}"`);
   }
-  if (cfg.auth && cfg.tcpstorePort !== null &&
-      !(cfg.flags.get("tcpstore_allow") && cfg.flags.get("tcpstore_prefix"))) {
-    problem(at, "serves the TCPStore protocol with auth on but without --tcpstore_allow and --tcpstore_prefix");
+  // Under auth the TCPStore listener checks a token hello against prefix +
+  // namespace; job tokens cover /cohortrun/<job>/, so a prefix in front
+  // locks every job out. Without tokens it needs the other two limits.
+  if (cfg.auth && cfg.tcpstorePort !== null) {
+    const requireToken = cfg.flags.get("tcpstore_require_token") !== "false";
+    if (requireToken && cfg.flags.get("tcpstore_prefix")) {
+      problem(at, "--tcpstore_prefix with token hellos required: no job token covers the prefixed namespaces, so cohortrun's proxies are refused");
+    }
+    if (!requireToken && !(cfg.flags.get("tcpstore_allow") && cfg.flags.get("tcpstore_prefix"))) {
+      problem(at, "serves anonymous TCPStore clients under auth without --tcpstore_allow and --tcpstore_prefix");
+    }
   }
   if (cfg.metricsPort !== null) {
     const a = (pod.metadata && pod.metadata.annotations) || {};
@@ -534,6 +535,13 @@ function checkRender(render, ctx) {
       problem(where, "selector does not match its pod template's labels");
     }
     for (const c of pod.spec.containers) checkContainer(where, o, pod, c, ctx);
+    for (const v of pod.spec.volumes || []) {
+      const source = v.secret || v.configMap;
+      if (!source) continue;
+      const kind = v.secret ? "Secret" : "ConfigMap";
+      const name = v.secret ? v.secret.secretName : v.configMap.name;
+      ctx.needKeys(`${where} volume ${v.name}`, kind, name, (source.items || []).map((i) => i.key), source.optional);
+    }
   }
 }
 
