@@ -356,9 +356,11 @@ class FakeServer {
         }
         int fd = accept(listen_fd_, nullptr, nullptr);
         if (fd < 0) continue;
+        // Counted before serving: a client that saw this connection close
+        // must find it counted.
+        accepted_ = n + 1;
         serve_(fd, n);
         close(fd);
-        accepted_ = n + 1;
       }
     });
   }
