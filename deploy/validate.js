@@ -360,7 +360,7 @@ function checkCohortd(where, o, c, render) {
   if (cfg.mtls && !cfg.tls) problem(at, "--tls_client_ca without --tls_cert");
   // gRPC probes speak plaintext: on a TLS port they fail.
   const healthPort = cfg.healthPort !== null ? cfg.healthPort : cfg.tls ? null : cfg.grpcPort;
-  for (const [probe, service] of [["livenessProbe", "liveness"], ["readinessProbe", ""]]) {
+  for (const [probe, service] of [["livenessProbe", "liveness"], ["readinessProbe", "liveness"]]) {
     const p = c[probe];
     if (!p || !p.grpc) {
       problem(at, `has no gRPC ${probe}`);

@@ -33,6 +33,10 @@ fi
 # npm installs buf (below), the third-party gRPC client the reflection test
 # drives cohortd with: Debian's, unless the machine has an npm already.
 command -v npm >/dev/null || packages+=(npm)
+# kubectl (its built-in kustomize) renders deploy/k8s's overlays in
+# //deploy:kustomize_test: Debian's, unless the machine has one already
+# (both would own /usr/bin/kubectl).
+command -v kubectl >/dev/null || packages+=(kubernetes-client)
 
 missing=()
 for p in "${packages[@]}"; do
