@@ -81,9 +81,9 @@ class MembershipService final : public v1::Membership::CallbackService {
  private:
   Membership* const membership_;
   store::KvStore* const store_;
-  Authenticator* const auth_;
   const size_t watch_buffer_bytes_;
   WatchGauges* const watch_gauges_;
+  Authenticator* const auth_;
 };
 
 }  // namespace cohort::server

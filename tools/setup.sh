@@ -37,6 +37,9 @@ command -v npm >/dev/null || packages+=(npm)
 # //deploy:kustomize_test: Debian's, unless the machine has one already
 # (both would own /usr/bin/kubectl).
 command -v kubectl >/dev/null || packages+=(kubernetes-client)
+# etcd (3.4): the engine under highly available cohortd replicas
+# (--engine=etcd), and the 3-member clusters the HA tests start on loopback.
+packages+=(etcd-server etcd-client)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -77,5 +80,37 @@ if [[ "$("$tools/node_modules/.bin/buf" --version 2>/dev/null)" != "$buf_version
   "${sudo_cmd[@]}" mkdir -p "$tools"
   "${sudo_cmd[@]}" npm install --prefix "$tools" --no-audit --no-fund --silent \
     "@bufbuild/buf@$buf_version" >/dev/null
+fi
+# etcd's v3 API protos, from Debian's golang-etcd-server-dev and the two
+# packages its protos import (file-level gogo options and HTTP
+# annotations). Taken with apt-get download and dpkg -x rather than
+# installed: the Go packages' 143 dependencies are not needed.
+# //proto:etcd_api generates C++ from this folder.
+etcd_protos=$tools/etcd-protos
+etcd_files=(etcd/etcdserver/etcdserverpb/rpc.proto etcd/mvcc/mvccpb/kv.proto
+            etcd/auth/authpb/auth.proto gogoproto/gogo.proto
+            google/api/annotations.proto google/api/http.proto)
+missing_protos=0
+for f in "${etcd_files[@]}"; do [[ -f "$etcd_protos/$f" ]] || missing_protos=1; done
+if ((missing_protos)); then
+  echo "setup: extracting etcd's API protos into $etcd_protos"
+  scratch=$(mktemp -d)
+  (cd "$scratch" && chmod 777 . &&
+    apt-get download golang-etcd-server-dev golang-github-gogo-protobuf-dev \
+      golang-github-gogo-googleapis-dev >/dev/null 2>&1 ||
+    { "${sudo_cmd[@]}" apt-get update -qq && apt-get download golang-etcd-server-dev \
+        golang-github-gogo-protobuf-dev golang-github-gogo-googleapis-dev >/dev/null; })
+  for deb in "$scratch"/*.deb; do dpkg -x "$deb" "$scratch/x"; done
+  src=$scratch/x/usr/share/gocode/src
+  "${sudo_cmd[@]}" mkdir -p "$etcd_protos"
+  for f in "${etcd_files[@]}"; do
+    case $f in
+      etcd/*) from=$src/go.etcd.io/$f ;;
+      gogoproto/*) from=$src/github.com/gogo/protobuf/$f ;;
+      google/*) from=$src/github.com/gogo/googleapis/$f ;;
+    esac
+    "${sudo_cmd[@]}" install -D -m 644 "$from" "$etcd_protos/$f"
+  done
+  rm -rf "$scratch"
 fi
 echo "setup: done"
