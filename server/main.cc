@@ -18,11 +18,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/signals.h"
 #include "grpc/support/log.h"
 #include "proto/c10d/rules.h"
 #include "server/cohort_server.h"
+#include "server/etcd_engine.h"
 #include "store/kv_engine.h"
 #include "store/kv_store.h"
 
@@ -71,7 +73,13 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(std::string, data_dir, "./cohort-data",
           "folder holding the RocksDB database (--engine=rocksdb)");
 ABSL_FLAG(std::string, engine, "rocksdb",
-          "storage engine: rocksdb (durable) or memory (lost on exit)");
+          "storage engine: rocksdb (durable), memory (lost on exit) or etcd "
+          "(in the etcd cluster of --etcd_endpoints, shared by every cohortd "
+          "replica pointed at it)");
+ABSL_FLAG(std::vector<std::string>, etcd_endpoints, {},
+          "--engine=etcd: the cluster's client endpoints, HOST:PORT,...");
+ABSL_FLAG(std::string, etcd_prefix, "/cohort/kv/",
+          "--engine=etcd: the etcd key prefix every key is stored under");
 ABSL_FLAG(bool, sync_writes, false,
           "fsync the write-ahead log on every mutation: survives power loss, "
           "costs one fsync per write. Without it, writes survive a killed "
@@ -219,9 +227,19 @@ int main(int argc, char** argv) {
     where =
         absl::StrCat("rocksdb in ", dir.string(),
                      absl::GetFlag(FLAGS_sync_writes) ? " (sync writes)" : "");
+  } else if (engine_name == "etcd") {
+    auto opened = cohort::server::OpenEtcdEngine(
+        {.endpoints = absl::GetFlag(FLAGS_etcd_endpoints),
+         .prefix = absl::GetFlag(FLAGS_etcd_prefix),
+         .log = [](absl::string_view line) { Log(std::string(line)); }});
+    if (!opened.ok()) return Fail(opened.status());
+    engine = std::move(*opened);
+    where = absl::StrCat("etcd at ",
+                         absl::StrJoin(absl::GetFlag(FLAGS_etcd_endpoints), ","),
+                         " under ", absl::GetFlag(FLAGS_etcd_prefix));
   } else {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--engine must be rocksdb or memory, got '", engine_name, "'")));
+        "--engine must be rocksdb, memory or etcd, got '", engine_name, "'")));
   }
   const int64_t keys = engine->NumKeys();
   auto store =

@@ -103,6 +103,46 @@ class KvEngine {
   // inside Apply and Flush, so it must be fast. Engines without a log
   // never call it.
   virtual void SetSyncObserver(std::function<void(absl::Duration)> observe) {}
+
+  // --- Engines that other writers share (etcd under several cohortd
+  // replicas). KvStore then commits through ApplyGuarded, without its lock,
+  // and takes every change, its own included, from the feed, which calls
+  // Apply to update the engine's own view. Every other call reads that view.
+
+  // Whether this is such an engine.
+  virtual bool shared() const { return false; }
+
+  // A key that must still have the modification revision it had when read
+  // (0: absent) for a guarded commit to apply.
+  struct Guard {
+    std::string key;
+    int64_t mod_revision = 0;
+  };
+  // Commits `mutations` as one revision iff every guard holds; returns the
+  // revision created. ABORTED when a guard failed (another writer got
+  // there first: read again once the view caught up, and retry).
+  // UNAVAILABLE when it could not tell: with guards it is not retried, as
+  // the commit may have applied. Thread-safe.
+  virtual absl::StatusOr<int64_t> ApplyGuarded(
+      absl::Span<const Mutation> mutations, absl::Span<const Guard> guards) {
+    return absl::UnimplementedError("not a shared engine");
+  }
+  // The modification revision of `key` in the view; 0 if absent.
+  virtual int64_t ModRevision(absl::string_view key) const { return 0; }
+  // A revision at least as new as every change acknowledged to anyone
+  // before this call; the feed reports reaching it soon after (an empty
+  // change). Thread-safe.
+  virtual absl::StatusOr<int64_t> ReadBarrier() { return revision(); }
+  // Every writer's committed changes, in revision order, each revision
+  // once, on the engine's thread; empty `mutations`: nothing under this
+  // engine changed up to `revision`.
+  using Feed =
+      std::function<void(int64_t revision, std::vector<Mutation> mutations)>;
+  virtual absl::Status StartFeed(Feed feed) {
+    return absl::UnimplementedError("not a shared engine");
+  }
+  // Stops the feed; no call after this returns. Idempotent.
+  virtual void StopFeed() {}
 };
 
 // An engine that keeps everything in memory and loses it on exit.

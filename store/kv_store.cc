@@ -30,6 +30,13 @@ namespace {
 // 131,072-key wait cannot stall every other call.
 constexpr size_t kKeysPerSlice = 4096;
 
+// How long a call on a shared engine waits for the feed to bring what it
+// needs (its own commit, or the barrier of a read).
+constexpr absl::Duration kFeedTimeout = absl::Seconds(10);
+
+// Attempts of a guarded commit that keeps losing to other writers.
+constexpr int kMaxGuardedAttempts = 64;
+
 size_t EventBytes(const Event& e) {
   return sizeof(Event) + e.key.size() + (e.value ? e.value->size() : 0);
 }
@@ -51,9 +58,23 @@ KvStore::KvStore(std::unique_ptr<KvEngine> engine, StoreLimits limits)
   revision_ = engine_->revision();
   last_delete_revision_ = revision_;
   compacted_revision_ = revision_;
+  if (engine_->shared()) {
+    shared_ = engine_.get();
+    absl::Status started =
+        shared_->StartFeed([this](int64_t revision, std::vector<Mutation> m) {
+          OnFeed(revision, std::move(m));
+        });
+    if (!started.ok()) {
+      shutdown_ = absl::UnavailableError(
+          absl::StrCat("the shared engine's feed did not start: ",
+                       started.message()));
+    }
+  }
 }
 
 KvStore::~KvStore() {
+  // The feed calls into everything below: stop it first.
+  if (shared_ != nullptr) shared_->StopFeed();
   Shutdown(absl::UnavailableError("the store is closing"));
 }
 
@@ -70,7 +91,12 @@ absl::StatusOr<int64_t> KvStore::CommitLocked(std::vector<Mutation> mutations,
   const int64_t revision = std::max(revision_, engine_->revision()) + 1;
   if (absl::Status s = engine_->Apply(mutations, revision); !s.ok()) return s;
   revision_ = revision;
+  PublishLocked(revision, std::move(mutations), deferred);
+  return revision;
+}
 
+void KvStore::PublishLocked(int64_t revision, std::vector<Mutation> mutations,
+                            Deferred& deferred) {
   std::vector<Event> events;
   events.reserve(mutations.size());
   for (Mutation& m : mutations) {
@@ -103,7 +129,44 @@ absl::StatusOr<int64_t> KvStore::CommitLocked(std::vector<Mutation> mutations,
   }
   for (Event& e : events) history_.push_back(std::move(e));
   TrimHistoryLocked();
-  return revision;
+}
+
+void KvStore::OnFeed(int64_t revision, std::vector<Mutation> mutations) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    if (revision <= revision_) return;
+    if (!mutations.empty()) {
+      // Updates the engine's view only: the change is already committed.
+      if (absl::Status s = engine_->Apply(mutations, revision); !s.ok()) {
+        return;
+      }
+      PublishLocked(revision, std::move(mutations), deferred);
+    }
+    revision_ = revision;
+  }
+  for (auto& fn : deferred) fn();
+}
+
+absl::Status KvStore::AwaitRevision(int64_t target, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto reached = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return revision_ >= target;
+  };
+  if (mu_.AwaitWithTimeout(absl::Condition(&reached), timeout)) {
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "the store's view is at revision ", revision_, " and did not reach ",
+      target, " within ", absl::FormatDuration(timeout),
+      ": the shared engine's change feed is behind or cut off"));
+}
+
+absl::Status KvStore::CatchUp() {
+  if (shared_ == nullptr) return absl::OkStatus();
+  absl::StatusOr<int64_t> barrier = shared_->ReadBarrier();
+  if (!barrier.ok()) return barrier.status();
+  return AwaitRevision(*barrier, kFeedTimeout);
 }
 
 void KvStore::TrimHistoryLocked() {
@@ -240,6 +303,12 @@ absl::StatusOr<int64_t> KvStore::MultiSet(
     m[i].value = values[i];
   }
   if (m.empty()) return revision();
+  if (shared_ != nullptr) {
+    absl::StatusOr<int64_t> committed = shared_->ApplyGuarded(m, {});
+    if (!committed.ok()) return committed.status();
+    AwaitRevision(*committed, kFeedTimeout).IgnoreError();
+    return committed;
+  }
   Deferred deferred;
   absl::StatusOr<int64_t> revision;
   {
@@ -250,19 +319,20 @@ absl::StatusOr<int64_t> KvStore::MultiSet(
   return revision;
 }
 
-std::vector<ChangeResult> KvStore::ApplyBatch(
-    absl::Span<const Change> changes) {
-  std::vector<ChangeResult> results(changes.size());
-  std::vector<Mutation> mutations;
-  std::vector<size_t> writers;  // Changes with a mutation in `mutations`.
-  Deferred deferred;
+void KvStore::PlanLocked(absl::Span<const Change> changes,
+                         std::vector<ChangeResult>& results,
+                         std::vector<Mutation>& mutations,
+                         std::vector<size_t>& writers,
+                         std::vector<KvEngine::Guard>* guards) {
   {
-    absl::MutexLock lock(&mu_);
     // What the batch has written so far, by key (nullopt: deleted).
     absl::flat_hash_map<absl::string_view, std::optional<std::string>> now;
     auto current = [&](absl::string_view key)
         -> absl::StatusOr<std::optional<std::string>> {
       if (auto it = now.find(key); it != now.end()) return it->second;
+      if (guards != nullptr) {
+        guards->push_back({std::string(key), engine_->ModRevision(key)});
+      }
       return engine_->Get(key);
     };
     auto write = [&](size_t i, absl::string_view key,
@@ -299,6 +369,10 @@ std::vector<ChangeResult> KvStore::ApplyBatch(
       if (c.kind == Change::Kind::kDelete) {
         // Whether the key exists, without reading its value.
         auto it = now.find(c.key);
+        if (it == now.end() && guards != nullptr) {
+          guards->push_back(
+              {std::string(c.key), engine_->ModRevision(c.key)});
+        }
         if (it != now.end() ? it->second.has_value()
                             : engine_->Contains(c.key)) {
           r.number = 1;
@@ -349,6 +423,57 @@ std::vector<ChangeResult> KvStore::ApplyBatch(
           break;
       }
     }
+  }
+}
+
+std::vector<ChangeResult> KvStore::ApplyBatchShared(
+    absl::Span<const Change> changes) {
+  for (int attempt = 1;; ++attempt) {
+    std::vector<ChangeResult> results(changes.size());
+    std::vector<Mutation> mutations;
+    std::vector<size_t> writers;
+    std::vector<KvEngine::Guard> guards;
+    int64_t revision;
+    {
+      absl::MutexLock lock(&mu_);
+      PlanLocked(changes, results, mutations, writers, &guards);
+      revision = revision_;
+    }
+    if (!mutations.empty()) {
+      absl::StatusOr<int64_t> committed =
+          shared_->ApplyGuarded(mutations, guards);
+      if (absl::IsAborted(committed.status()) &&
+          attempt < kMaxGuardedAttempts) {
+        // Another writer changed a key this batch read: read it again.
+        if (absl::Status s = CatchUp(); !s.ok()) committed = s;
+        else continue;
+      }
+      if (committed.ok()) {
+        revision = *committed;
+        // Read-your-writes: the reply waits for the view to hold it.
+        AwaitRevision(revision, kFeedTimeout).IgnoreError();
+      } else {
+        for (size_t i : writers) {
+          results[i].status = committed.status();
+          results[i].number = 0;
+        }
+      }
+    }
+    for (ChangeResult& r : results) r.revision = revision;
+    return results;
+  }
+}
+
+std::vector<ChangeResult> KvStore::ApplyBatch(
+    absl::Span<const Change> changes) {
+  if (shared_ != nullptr) return ApplyBatchShared(changes);
+  std::vector<ChangeResult> results(changes.size());
+  std::vector<Mutation> mutations;
+  std::vector<size_t> writers;  // Changes with a mutation in `mutations`.
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    PlanLocked(changes, results, mutations, writers, nullptr);
     int64_t revision = revision_;
     if (!mutations.empty()) {
       absl::StatusOr<int64_t> committed =
@@ -370,6 +495,7 @@ std::vector<ChangeResult> KvStore::ApplyBatch(
 
 absl::StatusOr<CheckResult> KvStore::Check(absl::Span<const std::string> keys) {
   if (absl::Status s = c10d::CheckKeys(rules_, keys); !s.ok()) return s;
+  if (absl::Status s = CatchUp(); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   CheckResult result;
   result.revision = revision_;
@@ -386,12 +512,14 @@ absl::StatusOr<CheckResult> KvStore::Check(absl::Span<const std::string> keys) {
 absl::StatusOr<std::optional<std::string>> KvStore::TryGet(
     absl::string_view key) {
   if (absl::Status s = c10d::CheckKey(rules_, key); !s.ok()) return s;
+  if (absl::Status s = CatchUp(); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   return engine_->Get(key);
 }
 
 absl::StatusOr<NumKeysResult> KvStore::NumKeys(absl::string_view prefix) {
   if (absl::Status s = c10d::CheckPrefix(rules_, prefix); !s.ok()) return s;
+  if (absl::Status s = CatchUp(); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (prefix.empty()) return NumKeysResult{engine_->NumKeys(), revision_};
   absl::StatusOr<int64_t> n = engine_->CountKeys(prefix);
@@ -414,6 +542,7 @@ absl::StatusOr<ListResult> KvStore::ListKeys(absl::string_view prefix,
         "page_token does not belong to this prefix: pass back the "
         "next_page_token of the previous page, with the same prefix");
   }
+  if (absl::Status s = CatchUp(); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   absl::StatusOr<std::vector<std::string>> keys =
       engine_->ListKeys(prefix, page_token, page_size + 1);

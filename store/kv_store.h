@@ -252,6 +252,36 @@ class KvStore {
   // A batch of one: the single-key calls.
   ChangeResult ApplyOne(const Change& change);
 
+  // Works out the mutations `changes` make on the current view (each
+  // change seeing the ones before it) and each change's result but its
+  // revision; the indexes of the changes that write go to `writers`. With
+  // `guards`, every key read from the engine is recorded there with its
+  // modification revision (shared engines).
+  void PlanLocked(absl::Span<const Change> changes,
+                  std::vector<ChangeResult>& results,
+                  std::vector<Mutation>& mutations,
+                  std::vector<size_t>& writers,
+                  std::vector<KvEngine::Guard>* guards)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ApplyBatch on a shared engine: plan, commit guarded without the lock,
+  // and plan again when another writer got there first.
+  std::vector<ChangeResult> ApplyBatchShared(absl::Span<const Change> changes)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A shared engine's change, from its feed.
+  void OnFeed(int64_t revision, std::vector<Mutation> mutations)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until the view holds revision `target`: OK, or UNAVAILABLE after
+  // `timeout` naming both revisions.
+  absl::Status AwaitRevision(int64_t target, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Before a non-blocking read on a shared engine: waits until the view
+  // holds every change acknowledged before the call (linearizable reads).
+  absl::Status CatchUp() ABSL_LOCKS_EXCLUDED(mu_);
+  // Records and publishes the events of `mutations` at `revision` and
+  // completes the waiters they satisfy (into `deferred`).
+  void PublishLocked(int64_t revision, std::vector<Mutation> mutations,
+                     Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Applies `mutations` as one revision, records and publishes their events
   // and completes the waiters they satisfy (into `deferred`).
   absl::StatusOr<int64_t> CommitLocked(std::vector<Mutation> mutations,
@@ -273,6 +303,9 @@ class KvStore {
 
   absl::Mutex mu_;
   std::unique_ptr<KvEngine> engine_ ABSL_GUARDED_BY(mu_);
+  // engine_ when it is shared (its commit and barrier calls are
+  // thread-safe and made without mu_); else null.
+  KvEngine* shared_ = nullptr;
   int64_t revision_ ABSL_GUARDED_BY(mu_) = 0;
   // The newest revision at which a key was deleted: a waiter registered
   // before it re-checks its keys before completing.

@@ -1,0 +1,501 @@
+#include "server/etcd_engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+#include "grpcpp/create_channel.h"
+
+namespace cohort::server {
+namespace {
+
+using store::KvEngine;
+using store::Mutation;
+
+// Keys read per Range page while loading the view.
+constexpr int64_t kLoadPage = 1000;
+
+bool Retryable(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(what, ": ", s.error_message()));
+}
+
+class EtcdEngine final : public KvEngine {
+ public:
+  explicit EtcdEngine(EtcdEngineOptions options)
+      : options_(std::move(options)),
+        prefix_end_(EtcdPrefixEnd(options_.prefix)) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    for (const std::string& endpoint : options_.endpoints) {
+      Member m;
+      m.endpoint = endpoint;
+      m.channel = grpc::CreateCustomChannel(
+          endpoint, grpc::InsecureChannelCredentials(), args);
+      m.kv = etcdserverpb::KV::NewStub(m.channel);
+      m.watch = etcdserverpb::Watch::NewStub(m.channel);
+      members_.push_back(std::move(m));
+    }
+  }
+
+  ~EtcdEngine() override { StopFeed(); }
+
+  absl::Status Load() {
+    const absl::Time give_up = absl::Now() + options_.connect_timeout;
+    absl::Status last;
+    while (absl::Now() < give_up) {
+      last = LoadOnce();
+      if (last.ok()) return last;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "no etcd member of ", absl::StrJoin(options_.endpoints, ","),
+        " gave the keys under ", options_.prefix, " within ",
+        absl::FormatDuration(options_.connect_timeout), ": ", last.message()));
+  }
+
+  absl::string_view name() const override { return "etcd"; }
+
+  absl::StatusOr<std::optional<std::string>> Get(
+      absl::string_view key) const override {
+    auto it = data_.find(key);
+    if (it == data_.end()) return std::optional<std::string>();
+    return std::optional<std::string>(it->second.value);
+  }
+
+  bool Contains(absl::string_view key) const override {
+    return data_.find(key) != data_.end();
+  }
+
+  std::unique_ptr<PreparedRead> PrepareRead(
+      std::vector<std::string> keys) const override {
+    // The view is in memory: copy the values now.
+    class Copied final : public PreparedRead {
+     public:
+      explicit Copied(std::vector<std::string> values)
+          : values_(std::move(values)) {}
+      absl::StatusOr<std::vector<std::string>> Read() override {
+        return std::move(values_);
+      }
+
+     private:
+      std::vector<std::string> values_;
+    };
+    std::vector<std::string> values;
+    values.reserve(keys.size());
+    for (const std::string& key : keys) {
+      auto it = data_.find(key);
+      values.push_back(it == data_.end() ? std::string() : it->second.value);
+    }
+    return std::make_unique<Copied>(std::move(values));
+  }
+
+  // Called by KvStore, under its lock, with the feed's changes: updates
+  // the view only (they are committed in etcd already).
+  absl::Status Apply(absl::Span<const Mutation> mutations,
+                     int64_t revision) override {
+    for (const Mutation& m : mutations) {
+      if (m.kind == Mutation::Kind::kPut) {
+        data_[m.key] = Entry{m.value, revision};
+      } else {
+        data_.erase(m.key);
+      }
+    }
+    revision_ = std::max(revision_, revision);
+    return absl::OkStatus();
+  }
+
+  int64_t revision() const override { return revision_; }
+  int64_t NumKeys() const override { return data_.size(); }
+
+  absl::StatusOr<int64_t> CountKeys(absl::string_view prefix) const override {
+    int64_t n = 0;
+    for (auto it = data_.lower_bound(prefix);
+         it != data_.end() && absl::StartsWith(it->first, prefix); ++it) {
+      ++n;
+    }
+    return n;
+  }
+
+  absl::StatusOr<std::vector<std::string>> ListKeys(
+      absl::string_view prefix, absl::string_view start_after,
+      size_t limit) const override {
+    std::vector<std::string> keys;
+    auto it = start_after.empty() ? data_.lower_bound(prefix)
+                                  : data_.upper_bound(start_after);
+    for (; it != data_.end() && keys.size() < limit &&
+           absl::StartsWith(it->first, prefix);
+         ++it) {
+      keys.push_back(it->first);
+    }
+    return keys;
+  }
+
+  absl::Status Flush() override { return absl::OkStatus(); }
+
+  absl::Status CheckWritable() override {
+    // A quorum read: etcd can commit only while it has a quorum.
+    etcdserverpb::RangeRequest req;
+    req.set_key(options_.prefix);
+    req.set_range_end(prefix_end_);
+    req.set_count_only(true);
+    etcdserverpb::RangeResponse resp;
+    grpc::Status s = CallWithFailover(
+        [&](Member& m, grpc::ClientContext* c) {
+          return m.kv->Range(c, req, &resp);
+        },
+        /*retry=*/true);
+    if (!s.ok()) return FromGrpc(s, "etcd has no quorum to read from");
+    return absl::OkStatus();
+  }
+
+  bool shared() const override { return true; }
+
+  int64_t ModRevision(absl::string_view key) const override {
+    auto it = data_.find(key);
+    return it == data_.end() ? 0 : it->second.mod_revision;
+  }
+
+  absl::StatusOr<int64_t> ApplyGuarded(absl::Span<const Mutation> mutations,
+                                       absl::Span<const Guard> guards) override {
+    etcdserverpb::TxnRequest txn;
+    // One etcd transaction may name a key once: keep the last mutation of
+    // each (what the batch leaves behind).
+    absl::flat_hash_map<absl::string_view, size_t> last;
+    for (size_t i = 0; i < mutations.size(); ++i) last[mutations[i].key] = i;
+    for (size_t i = 0; i < mutations.size(); ++i) {
+      const Mutation& m = mutations[i];
+      if (last[m.key] != i) continue;
+      etcdserverpb::RequestOp* op = txn.add_success();
+      if (m.kind == Mutation::Kind::kPut) {
+        op->mutable_request_put()->set_key(options_.prefix + m.key);
+        op->mutable_request_put()->set_value(m.value);
+      } else {
+        op->mutable_request_delete_range()->set_key(options_.prefix + m.key);
+      }
+    }
+    absl::flat_hash_map<absl::string_view, int64_t> compared;
+    for (const Guard& g : guards) {
+      if (!compared.emplace(g.key, g.mod_revision).second) continue;
+      etcdserverpb::Compare* c = txn.add_compare();
+      c->set_key(options_.prefix + g.key);
+      c->set_target(etcdserverpb::Compare::MOD);
+      c->set_result(etcdserverpb::Compare::EQUAL);
+      c->set_mod_revision(g.mod_revision);
+    }
+    etcdserverpb::TxnResponse resp;
+    // A guarded commit whose answer was lost may have applied: repeating it
+    // would fail its guards and make the caller apply it again (an Add
+    // twice). Plain puts and deletes are safe to repeat.
+    grpc::Status s = CallWithFailover(
+        [&](Member& m, grpc::ClientContext* c) {
+          return m.kv->Txn(c, txn, &resp);
+        },
+        /*retry=*/guards.empty());
+    if (!s.ok()) {
+      if (Retryable(s) && !guards.empty()) {
+        return absl::UnavailableError(absl::StrCat(
+            "etcd did not answer a conditional write (", s.error_message(),
+            "); it may or may not have been applied"));
+      }
+      return FromGrpc(s, "etcd transaction");
+    }
+    if (!resp.succeeded()) {
+      return absl::AbortedError("a key read by this write changed meanwhile");
+    }
+    return resp.header().revision();
+  }
+
+  absl::StatusOr<int64_t> ReadBarrier() override {
+    etcdserverpb::RangeRequest req;
+    req.set_key(options_.prefix);
+    req.set_range_end(prefix_end_);
+    req.set_count_only(true);
+    etcdserverpb::RangeResponse resp;
+    grpc::Status s = CallWithFailover(
+        [&](Member& m, grpc::ClientContext* c) {
+          return m.kv->Range(c, req, &resp);
+        },
+        /*retry=*/true);
+    if (!s.ok()) return FromGrpc(s, "etcd read barrier");
+    RequestProgress();
+    return resp.header().revision();
+  }
+
+  absl::Status StartFeed(Feed feed) override {
+    feed_ = std::move(feed);
+    feed_thread_ = std::thread([this] { RunFeed(); });
+    return absl::OkStatus();
+  }
+
+  void StopFeed() override {
+    {
+      absl::MutexLock lock(&stream_mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      if (stream_context_ != nullptr) stream_context_->TryCancel();
+    }
+    if (feed_thread_.joinable()) feed_thread_.join();
+  }
+
+ private:
+  struct Entry {
+    std::string value;
+    int64_t mod_revision = 0;
+  };
+  struct Member {
+    std::string endpoint;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<etcdserverpb::KV::Stub> kv;
+    std::unique_ptr<etcdserverpb::Watch::Stub> watch;
+  };
+  using WatchStream =
+      grpc::ClientReaderWriter<etcdserverpb::WatchRequest,
+                               etcdserverpb::WatchResponse>;
+
+  // Runs `call` on the current member; on UNAVAILABLE or a deadline (and
+  // when `retry`), on each of the others in turn.
+  template <typename Call>
+  grpc::Status CallWithFailover(Call call, bool retry) {
+    grpc::Status s;
+    const size_t first = current_.load();
+    const size_t tries = retry ? members_.size() * 2 : 1;
+    for (size_t i = 0; i < tries; ++i) {
+      const size_t index = (first + i) % members_.size();
+      grpc::ClientContext context;
+      context.set_deadline(
+          absl::ToChronoTime(absl::Now() + options_.call_timeout));
+      s = call(members_[index], &context);
+      if (!Retryable(s)) {
+        if (index != first) {
+          current_ = index;
+          Log(absl::StrCat("etcd: now using ", members_[index].endpoint));
+        }
+        return s;
+      }
+    }
+    return s;
+  }
+
+  absl::Status LoadOnce() {
+    data_.clear();
+    int64_t at = 0;
+    std::string from = options_.prefix;
+    for (;;) {
+      etcdserverpb::RangeRequest req;
+      req.set_key(from);
+      req.set_range_end(prefix_end_);
+      req.set_limit(kLoadPage);
+      req.set_revision(at);
+      etcdserverpb::RangeResponse resp;
+      grpc::Status s = CallWithFailover(
+          [&](Member& m, grpc::ClientContext* c) {
+            return m.kv->Range(c, req, &resp);
+          },
+          /*retry=*/true);
+      if (!s.ok()) return FromGrpc(s, "loading the keys");
+      if (at == 0) at = resp.header().revision();
+      for (const mvccpb::KeyValue& kv : resp.kvs()) {
+        data_[kv.key().substr(options_.prefix.size())] =
+            Entry{kv.value(), kv.mod_revision()};
+      }
+      if (!resp.more() || resp.kvs().empty()) break;
+      from = resp.kvs(resp.kvs_size() - 1).key() + '\0';
+    }
+    revision_ = at;
+    next_revision_ = at + 1;
+    Log(absl::StrCat("etcd: loaded ", data_.size(), " keys under ",
+                     options_.prefix, " at revision ", at));
+    return absl::OkStatus();
+  }
+
+  void RequestProgress() {
+    absl::MutexLock lock(&stream_mu_);
+    if (stream_ == nullptr) return;
+    etcdserverpb::WatchRequest req;
+    req.mutable_progress_request();
+    stream_->Write(req);
+  }
+
+  // The watch loop: one stream at a time, reopened on the next member
+  // from the revision after the last delivered.
+  void RunFeed() {
+    absl::Duration backoff = absl::Milliseconds(100);
+    for (;;) {
+      grpc::ClientContext context;
+      const size_t index = current_.load();
+      std::unique_ptr<WatchStream> stream;
+      bool open = false;
+      {
+        absl::MutexLock lock(&stream_mu_);
+        if (stopping_) return;
+        stream_context_ = &context;
+        stream = members_[index].watch->Watch(&context);
+        etcdserverpb::WatchRequest create;
+        auto* c = create.mutable_create_request();
+        c->set_key(options_.prefix);
+        c->set_range_end(prefix_end_);
+        c->set_start_revision(next_revision_);
+        c->set_progress_notify(true);
+        open = stream->Write(create);
+        if (open) stream_ = stream.get();
+      }
+      bool delivered = false;
+      etcdserverpb::WatchResponse resp;
+      while (open && stream->Read(&resp)) {
+        if (resp.canceled()) {
+          Log(absl::StrCat(
+              "etcd: the watch was cancelled",
+              resp.compact_revision() > 0
+                  ? absl::StrCat(" (revision ", next_revision_,
+                                 " is compacted; etcd keeps from ",
+                                 resp.compact_revision(), ")")
+                  : "",
+              ": ", resp.cancel_reason()));
+          break;
+        }
+        if (resp.created()) {
+          // The stream holds now: the next barrier may need its report.
+          delivered = true;
+          continue;
+        }
+        Deliver(resp);
+        delivered = true;
+        backoff = absl::Milliseconds(100);
+      }
+      {
+        absl::MutexLock lock(&stream_mu_);
+        stream_ = nullptr;
+        stream_context_ = nullptr;
+        if (stopping_) return;
+      }
+      stream->Finish().IgnoreError();
+      // Go on with the next member.
+      current_ = (index + 1) % members_.size();
+      Log(absl::StrCat("etcd: the watch on ", members_[index].endpoint,
+                       " ended; resuming from revision ", next_revision_,
+                       " on ", members_[current_.load()].endpoint));
+      if (!delivered) {
+        absl::SleepFor(backoff);
+        backoff = std::min(backoff * 2, absl::Seconds(1));
+      }
+    }
+  }
+
+  // Hands the events of `resp` to the feed, one revision at a time; a
+  // response without events is a progress report.
+  void Deliver(const etcdserverpb::WatchResponse& resp) {
+    if (resp.events().empty()) {
+      const int64_t at = resp.header().revision();
+      if (at >= next_revision_) {
+        feed_(at, {});
+        next_revision_ = at + 1;
+      }
+      return;
+    }
+    std::vector<Mutation> batch;
+    int64_t batch_revision = 0;
+    auto flush = [&] {
+      if (batch.empty()) return;
+      if (batch_revision >= next_revision_) {
+        feed_(batch_revision, std::move(batch));
+        next_revision_ = batch_revision + 1;
+      }
+      batch.clear();
+    };
+    for (const mvccpb::Event& e : resp.events()) {
+      const int64_t revision = e.kv().mod_revision();
+      if (revision != batch_revision) {
+        flush();
+        batch_revision = revision;
+      }
+      Mutation m;
+      m.key = e.kv().key().substr(
+          std::min(options_.prefix.size(), e.kv().key().size()));
+      if (e.type() == mvccpb::Event::PUT) {
+        m.kind = Mutation::Kind::kPut;
+        m.value = e.kv().value();
+      } else {
+        m.kind = Mutation::Kind::kDelete;
+      }
+      batch.push_back(std::move(m));
+    }
+    flush();
+  }
+
+  void Log(absl::string_view line) {
+    if (options_.log) options_.log(line);
+  }
+
+  const EtcdEngineOptions options_;
+  const std::string prefix_end_;
+  std::vector<Member> members_;
+  std::atomic<size_t> current_{0};
+
+  // The view: read and written under KvStore's lock (Load runs before).
+  std::map<std::string, Entry, std::less<>> data_;
+  int64_t revision_ = 0;
+
+  // The feed thread's.
+  Feed feed_;
+  int64_t next_revision_ = 1;
+  std::thread feed_thread_;
+
+  absl::Mutex stream_mu_;
+  bool stopping_ ABSL_GUARDED_BY(stream_mu_) = false;
+  grpc::ClientContext* stream_context_ ABSL_GUARDED_BY(stream_mu_) = nullptr;
+  WatchStream* stream_ = nullptr;  // Written under stream_mu_.
+};
+
+}  // namespace
+
+std::string EtcdPrefixEnd(absl::string_view prefix) {
+  std::string end(prefix);
+  while (!end.empty()) {
+    if (static_cast<unsigned char>(end.back()) < 0xFF) {
+      end.back() = static_cast<char>(end.back() + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // Everything.
+}
+
+absl::StatusOr<std::unique_ptr<store::KvEngine>> OpenEtcdEngine(
+    EtcdEngineOptions options) {
+  if (options.endpoints.empty()) {
+    return absl::InvalidArgumentError(
+        "--etcd_endpoints needs at least one HOST:PORT");
+  }
+  for (const std::string& e : options.endpoints) {
+    if (e.find(':') == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("etcd endpoint '", e, "' is not HOST:PORT"));
+    }
+  }
+  if (options.prefix.empty()) {
+    return absl::InvalidArgumentError("the etcd key prefix must not be empty");
+  }
+  auto engine = std::make_unique<EtcdEngine>(std::move(options));
+  if (absl::Status s = engine->Load(); !s.ok()) return s;
+  return std::unique_ptr<store::KvEngine>(std::move(engine));
+}
+
+}  // namespace cohort::server
