@@ -80,13 +80,13 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   server->auth_service_ = std::make_unique<AuthService>(server->auth_.get());
   server->service_ =
       std::make_unique<StoreService>(server->store_.get(), store_options);
-  server->membership_ = std::make_unique<Membership>(server->store_.get());
-  server->rendezvous_ = std::make_unique<Rendezvous>(server->store_.get());
-  server->rendezvous_service_ =
-      std::make_unique<RendezvousService>(server->rendezvous_.get(),
-                                          server->auth_.get());
+  server->coordination_.Fill(
+      {.rendezvous = std::make_shared<Rendezvous>(server->store_.get()),
+       .membership = std::make_shared<Membership>(server->store_.get())});
+  server->rendezvous_service_ = std::make_unique<RendezvousService>(
+      &server->coordination_, server->auth_.get());
   server->membership_service_ = std::make_unique<MembershipService>(
-      server->membership_.get(), server->store_.get(),
+      &server->coordination_, server->store_.get(),
       options.store_service.watch_buffer_bytes, &server->watch_gauges_,
       server->auth_.get());
 
@@ -194,9 +194,10 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
     server->tcpstore_ = std::move(*tcpstore);
   }
   if (server->metrics_ != nullptr) {
+    const Coordination state = *server->coordination_.Get();
     server->metrics_->Track({.store = server->store_.get(),
-                             .rendezvous = server->rendezvous_.get(),
-                             .membership = server->membership_.get(),
+                             .rendezvous = state.rendezvous.get(),
+                             .membership = state.membership.get(),
                              .grpc_listener = server->listener_.get(),
                              .tcpstore = server->tcpstore_.get(),
                              .watches = &server->watch_gauges_,
@@ -310,8 +311,9 @@ absl::Status CohortServer::Drain(absl::Duration grace) {
   absl::SleepFor(kGoawayDelay);
   const absl::Status draining = absl::UnavailableError(
       "cohortd is shutting down; retry against its replacement");
-  rendezvous_->Shutdown(draining);
-  membership_->Shutdown(draining);
+  Coordination state = coordination_.Empty("");
+  if (state.rendezvous != nullptr) state.rendezvous->Shutdown(draining);
+  if (state.membership != nullptr) state.membership->Shutdown(draining);
   store_->Shutdown(draining);
   if (tcpstore_ != nullptr) tcpstore_->Stop();
   stopper.join();

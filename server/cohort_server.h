@@ -17,6 +17,7 @@
 #include "server/auth.h"
 #include "server/auth_service.h"
 #include "server/coordination_service.h"
+#include "server/coordination_slot.h"
 #include "server/listener.h"
 #include "server/membership.h"
 #include "server/metrics.h"
@@ -143,8 +144,8 @@ class CohortServer {
   WatchGauges watch_gauges_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<store::KvStore> store_;
-  std::unique_ptr<Membership> membership_;
-  std::unique_ptr<Rendezvous> rendezvous_;
+  // The rendezvous and membership state machines (coordination_slot.h).
+  CoordinationSlot coordination_;
   std::unique_ptr<StoreService> service_;
   std::unique_ptr<RendezvousService> rendezvous_service_;
   std::unique_ptr<MembershipService> membership_service_;

@@ -6,6 +6,7 @@
 
 #include "cohort/v1/coordination.grpc.pb.h"
 #include "server/auth.h"
+#include "server/coordination_slot.h"
 #include "server/membership.h"
 #include "server/rendezvous.h"
 #include "store/kv_store.h"
@@ -18,9 +19,9 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
  public:
   // `auth` checks that each call's token covers its run id (auth.h); null:
   // auth off. Neither is owned.
-  explicit RendezvousService(Rendezvous* rendezvous,
+  explicit RendezvousService(const CoordinationSlot* slot,
                              Authenticator* auth = nullptr)
-      : rendezvous_(rendezvous), auth_(auth) {}
+      : slot_(slot), auth_(auth) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx,
                                  const v1::JoinRequest* req,
@@ -36,7 +37,7 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
       v1::ListParticipantsResponse* resp) override;
 
  private:
-  Rendezvous* const rendezvous_;
+  const CoordinationSlot* const slot_;
   Authenticator* const auth_;
 };
 
@@ -46,11 +47,11 @@ class MembershipService final : public v1::Membership::CallbackService {
   // slow watcher as for store watches, and `watch_gauges` (if not null)
   // counts them. `auth` checks that each call's token covers its group
   // (auth.h); null: auth off.
-  MembershipService(Membership* membership, store::KvStore* store,
+  MembershipService(const CoordinationSlot* slot, store::KvStore* store,
                     size_t watch_buffer_bytes,
                     WatchGauges* watch_gauges = nullptr,
                     Authenticator* auth = nullptr)
-      : membership_(membership),
+      : slot_(slot),
         store_(store),
         watch_buffer_bytes_(watch_buffer_bytes),
         watch_gauges_(watch_gauges),
@@ -79,7 +80,7 @@ class MembershipService final : public v1::Membership::CallbackService {
                                     v1::BarrierResponse* resp) override;
 
  private:
-  Membership* const membership_;
+  const CoordinationSlot* const slot_;
   store::KvStore* const store_;
   const size_t watch_buffer_bytes_;
   WatchGauges* const watch_gauges_;

@@ -173,8 +173,9 @@ class EtcdEngine final : public KvEngine {
     return it == data_.end() ? 0 : it->second.mod_revision;
   }
 
-  absl::StatusOr<int64_t> ApplyGuarded(absl::Span<const Mutation> mutations,
-                                       absl::Span<const Guard> guards) override {
+  absl::StatusOr<int64_t> ApplyGuarded(
+      absl::Span<const Mutation> mutations,
+      absl::Span<const Guard> guards) override {
     etcdserverpb::TxnRequest txn;
     // One etcd transaction may name a key once: keep the last mutation of
     // each (what the batch leaves behind).
@@ -266,9 +267,8 @@ class EtcdEngine final : public KvEngine {
     std::unique_ptr<etcdserverpb::KV::Stub> kv;
     std::unique_ptr<etcdserverpb::Watch::Stub> watch;
   };
-  using WatchStream =
-      grpc::ClientReaderWriter<etcdserverpb::WatchRequest,
-                               etcdserverpb::WatchResponse>;
+  using WatchStream = grpc::ClientReaderWriter<etcdserverpb::WatchRequest,
+                                               etcdserverpb::WatchResponse>;
 
   // Runs `call` on the current member; on UNAVAILABLE or a deadline (and
   // when `retry`), on each of the others in turn.
@@ -361,14 +361,13 @@ class EtcdEngine final : public KvEngine {
       etcdserverpb::WatchResponse resp;
       while (open && stream->Read(&resp)) {
         if (resp.canceled()) {
-          Log(absl::StrCat(
-              "etcd: the watch was cancelled",
-              resp.compact_revision() > 0
-                  ? absl::StrCat(" (revision ", next_revision_,
-                                 " is compacted; etcd keeps from ",
-                                 resp.compact_revision(), ")")
-                  : "",
-              ": ", resp.cancel_reason()));
+          Log(absl::StrCat("etcd: the watch was cancelled",
+                           resp.compact_revision() > 0
+                               ? absl::StrCat(" (revision ", next_revision_,
+                                              " is compacted; etcd keeps from ",
+                                              resp.compact_revision(), ")")
+                               : "",
+                           ": ", resp.cancel_reason()));
           break;
         }
         if (resp.created()) {

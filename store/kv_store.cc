@@ -65,9 +65,8 @@ KvStore::KvStore(std::unique_ptr<KvEngine> engine, StoreLimits limits)
           OnFeed(revision, std::move(m));
         });
     if (!started.ok()) {
-      shutdown_ = absl::UnavailableError(
-          absl::StrCat("the shared engine's feed did not start: ",
-                       started.message()));
+      shutdown_ = absl::UnavailableError(absl::StrCat(
+          "the shared engine's feed did not start: ", started.message()));
     }
   }
 }
@@ -370,8 +369,7 @@ void KvStore::PlanLocked(absl::Span<const Change> changes,
         // Whether the key exists, without reading its value.
         auto it = now.find(c.key);
         if (it == now.end() && guards != nullptr) {
-          guards->push_back(
-              {std::string(c.key), engine_->ModRevision(c.key)});
+          guards->push_back({std::string(c.key), engine_->ModRevision(c.key)});
         }
         if (it != now.end() ? it->second.has_value()
                             : engine_->Contains(c.key)) {
@@ -445,8 +443,10 @@ std::vector<ChangeResult> KvStore::ApplyBatchShared(
       if (absl::IsAborted(committed.status()) &&
           attempt < kMaxGuardedAttempts) {
         // Another writer changed a key this batch read: read it again.
-        if (absl::Status s = CatchUp(); !s.ok()) committed = s;
-        else continue;
+        if (absl::Status s = CatchUp(); !s.ok())
+          committed = s;
+        else
+          continue;
       }
       if (committed.ok()) {
         revision = *committed;
