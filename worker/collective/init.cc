@@ -11,6 +11,7 @@
 #include "client/remote_store.h"
 #include "client/tcpstore_client.h"
 #include "worker/collective/gloo/gloo_process_group.h"
+#include "worker/collective/nccl/nccl_backend.h"
 
 namespace cohort {
 namespace {
@@ -170,9 +171,9 @@ absl::StatusOr<Rendezvous> FromUrl(absl::string_view init_method, int rank,
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
     absl::string_view backend, absl::string_view init_method, int rank,
     int world_size, const InitOptions& options) {
-  if (backend != "gloo") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown backend '", backend, "': this build has gloo"));
+  if (backend != "gloo" && backend != "nccl") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown backend '", backend, "': this build has gloo and nccl"));
   }
   const absl::Duration timeout = options.group.timeout;
   absl::StatusOr<Rendezvous> r =
@@ -192,8 +193,17 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
   if (!arrivals.ok()) return arrivals.status();
   const int64_t generation = (*arrivals - 1) / r->world_size;
 
-  // Everything above serves every backend; from here on the backend named
-  // (NCCL gets its branch here and in the check at the top).
+  // Everything above serves every backend; from here on the backend named.
+  if (backend == "nccl") {
+    NcclOptions nccl;
+    nccl.group = options.group;
+    nccl.store_prefix = absl::StrCat("pg/", generation);
+    nccl.error_reporter = options.error_reporter;
+    absl::StatusOr<std::unique_ptr<NcclProcessGroup>> group =
+        CreateNcclProcessGroup(store, r->rank, r->world_size, nccl);
+    if (!group.ok()) return group.status();
+    return std::unique_ptr<ProcessGroup>(std::move(*group));
+  }
   GlooOptions gloo;
   gloo.group = options.group;
   gloo.bind_address = options.bind_address;

@@ -14,6 +14,7 @@
 #ifndef COHORT_WORKER_COLLECTIVE_INIT_H_
 #define COHORT_WORKER_COLLECTIVE_INIT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -32,9 +33,15 @@ struct InitOptions {
   // GlooOptions; the environment's COHORT_HOST_ID when empty).
   bool shared_memory = true;
   std::string host_id;
+  // Called with a failure a backend detects asynchronously (NCCL's watchdog:
+  // NcclOptions::error_reporter), e.g. to report it to cohortd's membership
+  // (GroupMember::ReportError) so that other nodes learn of it at once.
+  std::function<void(const absl::Status&)> error_reporter;
 };
 
-// Creates this rank's process group of `backend` ("gloo") and connects it
+// Creates this rank's process group of `backend` ("gloo", or "nccl": device
+// buffers, nccl/nccl_process_group.h; FAILED_PRECONDITION "no CUDA device
+// visible: ..." without a GPU) and connects it
 // to the other ranks, bootstrapping through the store `init_method` names:
 //   env://                  RANK and WORLD_SIZE (unless given), cohortd at
 //                           COHORT_ADDR or else MASTER_ADDR:MASTER_PORT, keys

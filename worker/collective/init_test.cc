@@ -193,5 +193,17 @@ TEST(InitTest, BadInitIsAClearError) {
   expect_invalid(InitProcessGroup("gloo", "file://" + path, 2, 2), "rank 2");
 }
 
+// "nccl" goes through the same init methods; without a GPU (CI never has
+// one) the group's creation says so.
+TEST(InitTest, NcclWithoutAGpuSaysNoCudaDeviceVisible) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/pg-nccl");
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> pg =
+      InitProcessGroup("nccl", "file://" + path, 0, 1);
+  if (pg.ok()) GTEST_SKIP() << "a GPU is visible: the group was created";
+  EXPECT_EQ(pg.status().code(), absl::StatusCode::kFailedPrecondition)
+      << pg.status();
+  EXPECT_THAT(pg.status().message(), HasSubstr("no CUDA device visible"));
+}
+
 }  // namespace
 }  // namespace cohort

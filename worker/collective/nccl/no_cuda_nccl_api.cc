@@ -2,11 +2,8 @@
 // found none): every call fails with FAILED_PRECONDITION saying so, so a
 // worker asking for the NCCL backend learns why instead of failing to link.
 #include "absl/strings/str_cat.h"
+#include "cuda_missing.h"  // COHORT_NO_CUDA_REASON, from third_party/cuda.bzl.
 #include "worker/collective/nccl/cuda_nccl_api.h"
-
-#ifndef COHORT_NO_CUDA_REASON
-#define COHORT_NO_CUDA_REASON "no CUDA toolkit at /usr/local/cuda"
-#endif
 
 namespace cohort {
 namespace {
