@@ -83,10 +83,30 @@ absl::Status VerifySameSizes(ProcessGroup& group,
                      static_cast<int64_t>(total),
                      static_cast<int64_t>(fingerprint)};
   std::vector<int64_t> all(3 * static_cast<size_t>(n));
-  absl::Status status = group
-                            .AllGather(BufferView::Of(mine, 3),
-                                       BufferView::Of(all.data(), all.size()))
-                            ->Wait();
+  absl::Status status;
+  if (DeviceMemory* device = group.device_memory(); device != nullptr) {
+    const size_t bytes = sizeof(mine) + all.size() * sizeof(int64_t);
+    absl::StatusOr<void*> staging = device->Allocate(bytes);
+    if (!staging.ok()) return staging.status();
+    auto* up = static_cast<int64_t*>(*staging);
+    status = device->CopyToDevice(up, mine, sizeof(mine));
+    if (status.ok()) {
+      status = group
+                   .AllGather(BufferView::Of(up, 3),
+                              BufferView::Of(up + 3, all.size()))
+                   ->Wait();
+    }
+    if (status.ok()) {
+      status =
+          device->CopyToHost(all.data(), up + 3, all.size() * sizeof(int64_t));
+    }
+    device->Free(*staging);
+  } else {
+    status = group
+                 .AllGather(BufferView::Of(mine, 3),
+                            BufferView::Of(all.data(), all.size()))
+                 ->Wait();
+  }
   if (!status.ok()) return status;
   for (int r = 1; r < n; ++r) {
     const int64_t* theirs = &all[3 * static_cast<size_t>(r)];

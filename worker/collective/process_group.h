@@ -1,7 +1,7 @@
 // ProcessGroup: collective and point-to-point communication among the
 // ranks of a job, as torch.distributed's ProcessGroup. Backends implement it
 // over the op engine (op_engine.h), which keeps the rules below for them:
-// Gloo in gloo/gloo_process_group.h; NCCL to come (README.md).
+// Gloo in gloo/gloo_process_group.h, NCCL in nccl/nccl_process_group.h.
 //
 // Every op is asynchronous: it validates its arguments, queues the work and
 // returns a Work handle at once. Ops run on the backend's own threads.
@@ -31,6 +31,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -115,9 +116,29 @@ struct ProcessGroupOptions {
   bool verify_ops = true;
 };
 
+// The memory of a backend whose buffers the CPU cannot touch (NCCL's: GPU
+// memory on the group's device). Each call is ordered with the group's ops
+// (on its stream) and returns once done. Host-memory backends have none.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
+  virtual void Free(void* data) = 0;
+  virtual absl::Status CopyToDevice(void* dst, const void* src,
+                                    size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status CopyOnDevice(void* dst, const void* src,
+                                    size_t bytes) = 0;
+  virtual absl::Status Zero(void* data, size_t bytes) = 0;
+};
+
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
+
+  // Null when the group's buffers are host memory (Gloo); else the memory
+  // every BufferView passed to its ops must point into (NCCL: the GPU's).
+  virtual DeviceMemory* device_memory() { return nullptr; }
 
   // This process's rank in the group, in [0, size()).
   virtual int rank() const = 0;
@@ -207,6 +228,7 @@ class ProcessGroup {
 // count, the total and a fingerprint; call it on every rank. OK at world
 // size 1. INVALID_ARGUMENT naming `what`, the first rank that differs from
 // rank 0, and both sides' counts; the group's error if the exchange fails.
+// On a group with device_memory() the exchange goes through a device buffer.
 absl::Status VerifySameSizes(ProcessGroup& group,
                              absl::Span<const size_t> sizes,
                              absl::string_view what);

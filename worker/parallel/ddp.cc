@@ -338,6 +338,12 @@ absl::StatusOr<std::unique_ptr<Reducer>> Reducer::Create(
   if (group == nullptr) {
     return absl::InvalidArgumentError("Reducer::Create: the group is null");
   }
+  if (group->device_memory() != nullptr) {
+    return absl::FailedPreconditionError(
+        "Reducer::Create: the group's buffers are device memory (nccl), and "
+        "the Reducer's buckets are host memory: DDP on device buffers is not "
+        "supported yet (worker/collective/nccl/README.md)");
+  }
   if (param_sizes.empty()) {
     return absl::InvalidArgumentError(
         "Reducer::Create: no parameters; pass the element count of every "
@@ -531,6 +537,11 @@ size_t Reducer::grad_bytes() const {
 absl::Status BroadcastFromRank0(ProcessGroup& group,
                                 absl::Span<const BufferView> tensors,
                                 size_t chunk_bytes) {
+  if (group.device_memory() != nullptr) {
+    return absl::FailedPreconditionError(
+        "BroadcastFromRank0: the group's buffers are device memory (nccl); "
+        "it packs tensors in host memory: broadcast each tensor instead");
+  }
   if (chunk_bytes == 0) {
     return absl::InvalidArgumentError(
         "BroadcastFromRank0: chunk_bytes must be positive");

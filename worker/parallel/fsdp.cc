@@ -301,6 +301,13 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(
   if (group == nullptr) {
     return absl::InvalidArgumentError("Fsdp::Create: the group is null");
   }
+  if (group->device_memory() != nullptr) {
+    return absl::FailedPreconditionError(
+        "Fsdp::Create: the group's buffers are device memory (nccl), and "
+        "FSDP's flat units, shards and optimizer steps are host memory: FSDP "
+        "on device buffers is not supported yet "
+        "(worker/collective/nccl/README.md)");
+  }
   if (units.empty()) {
     return absl::InvalidArgumentError(
         "Fsdp::Create: no units; pass at least one unit of parameters");

@@ -126,6 +126,8 @@ class NcclProcessGroup final : public ProcessGroup {
   // The NCCL and CUDA calls this group makes (for device memory: Alloc,
   // Free).
   NcclApi& api() const { return *options_.api; }
+  // Device memory on device(), copied on the group's stream (Copy).
+  DeviceMemory* device_memory() override { return &memory_; }
 
   std::shared_ptr<Work> Broadcast(BufferView buffer, int root) override;
   std::shared_ptr<Work> AllReduce(BufferView buffer, ReduceOp op) override;
@@ -206,6 +208,33 @@ class NcclProcessGroup final : public ProcessGroup {
   class Transport;
   class Transfer;
 
+  // DeviceMemory over the api and Copy / Memset.
+  class Memory final : public DeviceMemory {
+   public:
+    explicit Memory(NcclProcessGroup& group) : group_(group) {}
+    absl::StatusOr<void*> Allocate(size_t bytes) override {
+      return group_.api().Alloc(group_.device_, bytes);
+    }
+    void Free(void* data) override { group_.api().Free(data); }
+    absl::Status CopyToDevice(void* dst, const void* src,
+                              size_t bytes) override {
+      return group_.Copy(dst, src, bytes, CopyKind::kHostToDevice);
+    }
+    absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
+      return group_.Copy(dst, src, bytes, CopyKind::kDeviceToHost);
+    }
+    absl::Status CopyOnDevice(void* dst, const void* src,
+                              size_t bytes) override {
+      return group_.Copy(dst, src, bytes, CopyKind::kDeviceToDevice);
+    }
+    absl::Status Zero(void* data, size_t bytes) override {
+      return group_.Memset(data, 0, bytes);
+    }
+
+   private:
+    NcclProcessGroup& group_;
+  };
+
   const std::shared_ptr<Store> store_;
   const int rank_;
   const int size_;
@@ -214,6 +243,7 @@ class NcclProcessGroup final : public ProcessGroup {
   const std::string comm_name_;
   const std::unique_ptr<WatchedComm> comm_;
   const std::unique_ptr<OpEngine::Transport> transport_;
+  Memory memory_{*this};
 
   absl::Mutex mu_;
   int splits_ ABSL_GUARDED_BY(mu_) = 0;

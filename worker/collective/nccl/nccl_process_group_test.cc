@@ -165,7 +165,9 @@ TEST(NcclProcessGroup, EveryCollectiveMovesTheRightElements) {
                          BufferView::Of(gout.data(), kN), 3)
                     ->Wait()
                     .ok());
-    if (r == 3) EXPECT_THAT(gout, ElementsAre(0, 1, 2, 3));
+    if (r == 3) {
+      EXPECT_THAT(gout, ElementsAre(0, 1, 2, 3));
+    }
     // Scatter from rank 0.
     std::vector<float> sin = {10, 11, 12, 13}, sout(1, -1);
     ASSERT_TRUE(g.Scatter(BufferView::Of(sin.data(), kN),
@@ -475,6 +477,29 @@ TEST(NcclProcessGroup, SplitNumbersRanksByKeyThenRank) {
   // The parent goes on.
   ranks.RunAll(
       [&](int r) { EXPECT_TRUE(ranks.group(r).Barrier()->Wait().ok()); });
+}
+
+TEST(NcclProcessGroup, VerifySameSizesStagesThroughDeviceMemory) {
+  Ranks ranks(3);
+  ASSERT_TRUE(ranks.ok());
+  std::vector<absl::Status> same(3), different(3);
+  ranks.RunAll([&](int r) {
+    NcclProcessGroup& g = ranks.group(r);
+    ASSERT_NE(g.device_memory(), nullptr);
+    std::vector<size_t> sizes = {4, 8, 16};
+    same[r] = VerifySameSizes(g, sizes, "test");
+    if (r == 2) sizes = {4, 16, 8};
+    different[r] = VerifySameSizes(g, sizes, "test");
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(same[r].ok()) << same[r];
+    EXPECT_EQ(different[r].code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(different[r].message(), HasSubstr("rank 2's parameter sizes"));
+    // The staging buffer is freed; only verify_ops' scratch (128 bytes per
+    // rank and the rank's own) stays.
+    EXPECT_EQ(ranks.api(r).allocated_bytes(), 128u * (3 + 1));
+  }
+  EXPECT_THAT(ranks.api(0).calls(), Contains("Copy(24 bytes, host to device)"));
 }
 
 TEST(NcclProcessGroup, CopiesGoThroughTheGroupsStream) {
