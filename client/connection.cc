@@ -195,7 +195,15 @@ Connection::Connection(const ConnectionOptions& options,
   if (!options.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(options.tls_server_name);
   }
-  channel_ = grpc::CreateCustomChannel(options.address, credentials, args);
+  // Several replicas, "HOST:PORT,HOST:PORT,...": one channel over all of
+  // them, which moves to the next when the one it uses goes away (gRPC's
+  // pick_first over a static list). A DNS name with several records does
+  // the same through the resolver.
+  std::string target = options.address;
+  if (target.find(',') != std::string::npos) {
+    target = absl::StrCat("ipv4:", target);
+  }
+  channel_ = grpc::CreateCustomChannel(target, credentials, args);
 }
 
 void Connection::Prepare(grpc::ClientContext* context) const {

@@ -40,7 +40,8 @@ inline int64_t ToMillis(absl::Duration d) {
 }
 
 struct ConnectionOptions {
-  // HOST:PORT of cohortd.
+  // HOST:PORT of cohortd; or, for replicas, several IP:PORT separated by
+  // commas (or a DNS name with several records), tried in turn.
   std::string address = kDefaultAddress;
   // How long a call waits for a connection to cohortd.
   absl::Duration connect_timeout = absl::Seconds(30);

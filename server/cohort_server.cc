@@ -4,6 +4,7 @@
 #include <limits>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -80,9 +81,11 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   server->auth_service_ = std::make_unique<AuthService>(server->auth_.get());
   server->service_ =
       std::make_unique<StoreService>(server->store_.get(), store_options);
-  server->coordination_.Fill(
-      {.rendezvous = std::make_shared<Rendezvous>(server->store_.get()),
-       .membership = std::make_shared<Membership>(server->store_.get())});
+  if (options.election_endpoints.empty()) {
+    server->coordination_.Fill(
+        {.rendezvous = std::make_shared<Rendezvous>(server->store_.get()),
+         .membership = std::make_shared<Membership>(server->store_.get())});
+  }
   server->rendezvous_service_ = std::make_unique<RendezvousService>(
       &server->coordination_, server->auth_.get());
   server->membership_service_ = std::make_unique<MembershipService>(
@@ -194,7 +197,8 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
     server->tcpstore_ = std::move(*tcpstore);
   }
   if (server->metrics_ != nullptr) {
-    const Coordination state = *server->coordination_.Get();
+    const Coordination state =
+        server->coordination_.Get().value_or(Coordination());
     server->metrics_->Track({.store = server->store_.get(),
                              .rendezvous = state.rendezvous.get(),
                              .membership = state.membership.get(),
@@ -202,6 +206,24 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
                              .tcpstore = server->tcpstore_.get(),
                              .watches = &server->watch_gauges_,
                              .auth = server->auth_.get()});
+  }
+  if (!options.election_endpoints.empty()) {
+    std::string advertise = options.advertise;
+    if (advertise.empty()) advertise = options.listen;
+    if (absl::EndsWith(advertise, ":0")) {
+      advertise = absl::StrCat(advertise.substr(0, advertise.size() - 1),
+                               server->port_);
+    }
+    CohortServer* s = server.get();
+    server->leadership_ = std::make_unique<EtcdLeadership>(
+        EtcdLeadershipOptions{.endpoints = options.election_endpoints,
+                              .address = advertise,
+                              .ttl = options.election_ttl,
+                              .elected = [s] { s->Lead(); },
+                              .follows = [s](const std::string& leader) {
+                                s->Follow(leader);
+                              },
+                              .log = options.log});
   }
   {
     absl::MutexLock lock(&server->health_mu_);
@@ -249,6 +271,61 @@ void CohortServer::CheckHealth(absl::Duration interval) {
   if (auth_ != nullptr) auth_->ReloadIfChanged();
   health_check_ = health_timer_.Schedule(
       absl::Now() + interval, [this, interval] { CheckHealth(interval); });
+}
+
+void CohortServer::Lead() {
+  const absl::Time start = absl::Now();
+  // Every change the last leader made must be in the view first.
+  if (absl::Status s = store_->Sync(); !s.ok() && log_) {
+    log_(absl::StrCat("leadership: loading state without a full sync: ",
+                      s.message()));
+  }
+  // Membership extends every member's lease by one heartbeat timeout as
+  // it loads, as after a restart: heartbeats sent to the old leader in its
+  // last moments are not held against anyone.
+  Coordination state{.rendezvous = std::make_shared<Rendezvous>(store_.get()),
+                     .membership = std::make_shared<Membership>(store_.get())};
+  if (metrics_ != nullptr) {
+    metrics_->Track({.store = store_.get(),
+                     .rendezvous = state.rendezvous.get(),
+                     .membership = state.membership.get(),
+                     .grpc_listener = listener_.get(),
+                     .tcpstore = tcpstore_.get(),
+                     .watches = &watch_gauges_,
+                     .auth = auth_.get()});
+  }
+  coordination_.Fill(std::move(state));
+  if (log_) {
+    log_(absl::StrCat("leadership: leading; rendezvous and membership "
+                      "loaded from the store in ",
+                      absl::FormatDuration(absl::Now() - start)));
+  }
+}
+
+void CohortServer::Follow(const std::string& leader) {
+  const std::string before = coordination_.leader();
+  Coordination old = coordination_.Empty(leader);
+  if (log_ && (old.rendezvous != nullptr || leader != before)) {
+    log_(leader.empty()
+             ? std::string("leadership: no leader known; campaigning")
+             : absl::StrCat("leadership: following ", leader,
+                            " (rendezvous and membership calls go there)"));
+  }
+  if (old.rendezvous == nullptr) return;
+  // Pending joins and barriers end UNAVAILABLE; clients retry, and land on
+  // the new leader through whichever replica they reach.
+  const absl::Status moved = absl::UnavailableError(
+      "this cohortd replica stopped leading; retry (the call goes to the new "
+      "leader)");
+  old.rendezvous->Shutdown(moved);
+  old.membership->Shutdown(moved);
+  if (metrics_ != nullptr) {
+    metrics_->Track({.store = store_.get(),
+                     .grpc_listener = listener_.get(),
+                     .tcpstore = tcpstore_.get(),
+                     .watches = &watch_gauges_,
+                     .auth = auth_.get()});
+  }
 }
 
 std::vector<grpc::Server*> CohortServer::grpc_servers() {
@@ -301,6 +378,8 @@ absl::Status CohortServer::Drain(absl::Duration grace) {
     }
   }
   if (listener_ != nullptr) listener_->Stop();
+  // Resign first, so another replica takes over at once.
+  leadership_.reset();
   // Stop accepting first: Shutdown closes the listener and tells every
   // connection (HTTP/2 GOAWAY) to take no new calls, then waits for the
   // calls in flight. Only then are the blocked calls ended, so a client

@@ -18,6 +18,7 @@
 #include "server/auth_service.h"
 #include "server/coordination_service.h"
 #include "server/coordination_slot.h"
+#include "server/etcd_leadership.h"
 #include "server/listener.h"
 #include "server/membership.h"
 #include "server/metrics.h"
@@ -57,6 +58,15 @@ struct ServerOptions {
   // The tokens file (auth.h, auth.proto); empty: auth off, every call
   // allowed.
   std::string auth_tokens;
+  // Replicas over one etcd cluster (--engine=etcd): the rendezvous and
+  // membership state machines run on the replica elected through etcd
+  // (etcd_leadership.h); the others pass those calls on to it. Empty
+  // endpoints: no election, this cohortd runs them.
+  std::vector<std::string> election_endpoints;
+  // This replica's address as the other replicas reach it (HOST:PORT;
+  // port 0 is replaced by the port bound).
+  std::string advertise;
+  absl::Duration election_ttl = absl::Seconds(3);
   // HOST:PORT of a plaintext port serving only grpc.health.v1 (for
   // Kubernetes' gRPC probes, which speak no TLS); empty: none.
   std::string health_listen;
@@ -144,8 +154,14 @@ class CohortServer {
   WatchGauges watch_gauges_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<store::KvStore> store_;
+  // Builds the state machines from the store and leads.
+  void Lead();
+  // Another replica (`leader`, "" while unknown) leads: stops ours.
+  void Follow(const std::string& leader);
+
   // The rendezvous and membership state machines (coordination_slot.h).
   CoordinationSlot coordination_;
+  std::unique_ptr<EtcdLeadership> leadership_;
   std::unique_ptr<StoreService> service_;
   std::unique_ptr<RendezvousService> rendezvous_service_;
   std::unique_ptr<MembershipService> membership_service_;

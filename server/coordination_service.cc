@@ -1,10 +1,66 @@
 #include "server/coordination_service.h"
 
+#include <optional>
 #include <utility>
 
 #include "server/reactors.h"
 
 namespace cohort::server {
+namespace {
+
+// A unary call a follower passes on to the leader: the leader's answer,
+// status and message included, is the call's. Holds no thread meanwhile.
+class Forwarded final : public grpc::ServerUnaryReactor {
+ public:
+  Forwarded(const grpc::CallbackServerContext& server,
+            std::shared_ptr<const LeaderStubs> stubs)
+      : stubs_(std::move(stubs)) {
+    client_.set_deadline(server.deadline());
+    for (const char* key : {"authorization", "cohort-token"}) {
+      auto it = server.client_metadata().find(key);
+      if (it != server.client_metadata().end()) {
+        client_.AddMetadata(key,
+                            std::string(it->second.data(), it->second.size()));
+      }
+    }
+    client_.AddMetadata(kForwardedMetadata, "1");
+  }
+
+  grpc::ClientContext* client() { return &client_; }
+  const LeaderStubs& stubs() const { return *stubs_; }
+
+  void OnCancel() override { client_.TryCancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  const std::shared_ptr<const LeaderStubs> stubs_;
+  grpc::ClientContext client_;
+};
+
+// The call's state machines; else, on a follower, nullopt after passing
+// the call on to the leader with `pass_on(forwarded, done)` (*reactor is
+// then what the handler returns), or after finishing it UNAVAILABLE.
+template <typename PassOn>
+std::optional<Coordination> LeaderOrPassOn(
+    const CoordinationSlot& slot, grpc::CallbackServerContext* ctx,
+    grpc::ServerUnaryReactor** reactor, PassOn pass_on) {
+  absl::StatusOr<Coordination> coordination = slot.Get();
+  if (coordination.ok()) return *std::move(coordination);
+  std::shared_ptr<const LeaderStubs> stubs = slot.leader_stubs();
+  const bool forwarded =
+      ctx->client_metadata().find(kForwardedMetadata) !=
+      ctx->client_metadata().end();
+  if (stubs == nullptr || forwarded) {
+    *reactor = FinishNow(ctx, coordination.status());
+    return std::nullopt;
+  }
+  auto* call = new Forwarded(*ctx, std::move(stubs));
+  pass_on(call, [call](grpc::Status s) { call->Finish(s); });
+  *reactor = call;
+  return std::nullopt;
+}
+
+}  // namespace
 
 grpc::ServerUnaryReactor* RendezvousService::Join(
     grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
@@ -14,8 +70,13 @@ grpc::ServerUnaryReactor* RendezvousService::Join(
       !s.ok()) {
     return FinishNow(ctx, s);
   }
-  absl::StatusOr<Coordination> coordination = slot_->Get();
-  if (!coordination.ok()) return FinishNow(ctx, coordination.status());
+  grpc::ServerUnaryReactor* passed_on = nullptr;
+  std::optional<Coordination> coordination = LeaderOrPassOn(
+      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
+        call->stubs().rendezvous->async()->Join(call->client(), req, resp,
+                                               std::move(done));
+      });
+  if (!coordination.has_value()) return passed_on;
   auto* reactor = new PendingUnary();
   PendingUnary::Handle handle = reactor->handle();
   std::shared_ptr<Rendezvous> rendezvous = coordination->rendezvous;
@@ -39,8 +100,13 @@ grpc::ServerUnaryReactor* RendezvousService::GetRunState(
       !s.ok()) {
     return FinishNow(ctx, s);
   }
-  absl::StatusOr<Coordination> coordination = slot_->Get();
-  if (!coordination.ok()) return FinishNow(ctx, coordination.status());
+  grpc::ServerUnaryReactor* passed_on = nullptr;
+  std::optional<Coordination> coordination = LeaderOrPassOn(
+      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
+        call->stubs().rendezvous->async()->GetRunState(call->client(), req, resp,
+                                               std::move(done));
+      });
+  if (!coordination.has_value()) return passed_on;
   absl::StatusOr<v1::RunState> state =
       coordination->rendezvous->GetRunState(req->run_id());
   if (state.ok()) *resp = std::move(*state);
@@ -49,14 +115,19 @@ grpc::ServerUnaryReactor* RendezvousService::GetRunState(
 
 grpc::ServerUnaryReactor* RendezvousService::CloseRun(
     grpc::CallbackServerContext* ctx, const v1::CloseRunRequest* req,
-    v1::CloseRunResponse*) {
+    v1::CloseRunResponse* resp) {
   if (absl::Status s =
           AuthorizeCall(auth_, *ctx, "run", req->run_id(), Access::kWrite);
       !s.ok()) {
     return FinishNow(ctx, s);
   }
-  absl::StatusOr<Coordination> coordination = slot_->Get();
-  if (!coordination.ok()) return FinishNow(ctx, coordination.status());
+  grpc::ServerUnaryReactor* passed_on = nullptr;
+  std::optional<Coordination> coordination = LeaderOrPassOn(
+      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
+        call->stubs().rendezvous->async()->CloseRun(call->client(), req, resp,
+                                               std::move(done));
+      });
+  if (!coordination.has_value()) return passed_on;
   return FinishNow(ctx, coordination->rendezvous->CloseRun(req->run_id()));
 }
 
@@ -68,8 +139,13 @@ grpc::ServerUnaryReactor* RendezvousService::ListParticipants(
       !s.ok()) {
     return FinishNow(ctx, s);
   }
-  absl::StatusOr<Coordination> coordination = slot_->Get();
-  if (!coordination.ok()) return FinishNow(ctx, coordination.status());
+  grpc::ServerUnaryReactor* passed_on = nullptr;
+  std::optional<Coordination> coordination = LeaderOrPassOn(
+      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
+        call->stubs().rendezvous->async()->ListParticipants(call->client(), req, resp,
+                                               std::move(done));
+      });
+  if (!coordination.has_value()) return passed_on;
   absl::StatusOr<v1::ListParticipantsResponse> r =
       coordination->rendezvous->ListParticipants(*req);
   if (r.ok()) *resp = std::move(*r);
@@ -84,8 +160,13 @@ grpc::ServerUnaryReactor* MembershipService::JoinGroup(
       !s.ok()) {
     return FinishNow(ctx, s);
   }
-  absl::StatusOr<Coordination> coordination = slot_->Get();
-  if (!coordination.ok()) return FinishNow(ctx, coordination.status());
+  grpc::ServerUnaryReactor* passed_on = nullptr;
+  std::optional<Coordination> coordination = LeaderOrPassOn(
+      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
+        call->stubs().membership->async()->JoinGroup(call->client(), req, resp,
+                                               std::move(done));
+      });
+  if (!coordination.has_value()) return passed_on;
   absl::StatusOr<v1::JoinGroupResponse> r =
       coordination->membership->Join(*req);
   if (r.ok()) *resp = std::move(*r);
@@ -94,40 +175,55 @@ grpc::ServerUnaryReactor* MembershipService::JoinGroup(
 
 grpc::ServerUnaryReactor* MembershipService::Heartbeat(
     grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
-    v1::HeartbeatResponse*) {
+    v1::HeartbeatResponse* resp) {
   if (absl::Status s =
           AuthorizeCall(auth_, *ctx, "group", req->group(), Access::kWrite);
       !s.ok()) {
     return FinishNow(ctx, s);
   }
-  absl::StatusOr<Coordination> coordination = slot_->Get();
-  if (!coordination.ok()) return FinishNow(ctx, coordination.status());
+  grpc::ServerUnaryReactor* passed_on = nullptr;
+  std::optional<Coordination> coordination = LeaderOrPassOn(
+      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
+        call->stubs().membership->async()->Heartbeat(call->client(), req, resp,
+                                               std::move(done));
+      });
+  if (!coordination.has_value()) return passed_on;
   return FinishNow(ctx, coordination->membership->Heartbeat(*req));
 }
 
 grpc::ServerUnaryReactor* MembershipService::LeaveGroup(
     grpc::CallbackServerContext* ctx, const v1::LeaveGroupRequest* req,
-    v1::LeaveGroupResponse*) {
+    v1::LeaveGroupResponse* resp) {
   if (absl::Status s =
           AuthorizeCall(auth_, *ctx, "group", req->group(), Access::kWrite);
       !s.ok()) {
     return FinishNow(ctx, s);
   }
-  absl::StatusOr<Coordination> coordination = slot_->Get();
-  if (!coordination.ok()) return FinishNow(ctx, coordination.status());
+  grpc::ServerUnaryReactor* passed_on = nullptr;
+  std::optional<Coordination> coordination = LeaderOrPassOn(
+      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
+        call->stubs().membership->async()->LeaveGroup(call->client(), req, resp,
+                                               std::move(done));
+      });
+  if (!coordination.has_value()) return passed_on;
   return FinishNow(ctx, coordination->membership->Leave(*req));
 }
 
 grpc::ServerUnaryReactor* MembershipService::ReportError(
     grpc::CallbackServerContext* ctx, const v1::ReportErrorRequest* req,
-    v1::ReportErrorResponse*) {
+    v1::ReportErrorResponse* resp) {
   if (absl::Status s =
           AuthorizeCall(auth_, *ctx, "group", req->group(), Access::kWrite);
       !s.ok()) {
     return FinishNow(ctx, s);
   }
-  absl::StatusOr<Coordination> coordination = slot_->Get();
-  if (!coordination.ok()) return FinishNow(ctx, coordination.status());
+  grpc::ServerUnaryReactor* passed_on = nullptr;
+  std::optional<Coordination> coordination = LeaderOrPassOn(
+      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
+        call->stubs().membership->async()->ReportError(call->client(), req, resp,
+                                               std::move(done));
+      });
+  if (!coordination.has_value()) return passed_on;
   return FinishNow(ctx, coordination->membership->ReportError(*req));
 }
 
@@ -139,8 +235,13 @@ grpc::ServerUnaryReactor* MembershipService::ListMembers(
       !s.ok()) {
     return FinishNow(ctx, s);
   }
-  absl::StatusOr<Coordination> coordination = slot_->Get();
-  if (!coordination.ok()) return FinishNow(ctx, coordination.status());
+  grpc::ServerUnaryReactor* passed_on = nullptr;
+  std::optional<Coordination> coordination = LeaderOrPassOn(
+      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
+        call->stubs().membership->async()->ListMembers(call->client(), req, resp,
+                                               std::move(done));
+      });
+  if (!coordination.has_value()) return passed_on;
   absl::StatusOr<v1::ListMembersResponse> r =
       coordination->membership->List(*req);
   if (r.ok()) *resp = std::move(*r);
@@ -181,8 +282,13 @@ grpc::ServerUnaryReactor* MembershipService::Barrier(
       !s.ok()) {
     return FinishNow(ctx, s);
   }
-  absl::StatusOr<Coordination> coordination = slot_->Get();
-  if (!coordination.ok()) return FinishNow(ctx, coordination.status());
+  grpc::ServerUnaryReactor* passed_on = nullptr;
+  std::optional<Coordination> coordination = LeaderOrPassOn(
+      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
+        call->stubs().membership->async()->Barrier(call->client(), req, resp,
+                                               std::move(done));
+      });
+  if (!coordination.has_value()) return passed_on;
   auto* reactor = new PendingUnary();
   PendingUnary::Handle handle = reactor->handle();
   std::shared_ptr<Membership> membership = coordination->membership;

@@ -13,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "cohort/v1/coordination.grpc.pb.h"
 #include "server/membership.h"
 #include "server/rendezvous.h"
 
@@ -26,8 +27,17 @@ struct Coordination {
 // The UNAVAILABLE message prefix a follower answers with; the leader's
 // address follows it (empty while no leader is known).
 inline constexpr char kNotLeader[] = "this cohortd replica is not the leader; ";
-// The trailing metadata key that carries the leader's HOST:PORT.
-inline constexpr char kLeaderMetadata[] = "cohort-leader";
+// Set on a call a follower passes on to the leader, which must not pass
+// it on again.
+inline constexpr char kForwardedMetadata[] = "cohort-forwarded";
+
+// Stubs of the leader's services, for a follower to pass calls on.
+struct LeaderStubs {
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Rendezvous::Stub> rendezvous;
+  std::unique_ptr<v1::Membership::Stub> membership;
+};
 
 class CoordinationSlot {
  public:
@@ -42,11 +52,16 @@ class CoordinationSlot {
   // Records who leads, while this replica does not.
   void SetLeader(std::string leader);
   std::string leader() const;
+  // Stubs to the leader while another replica leads; else null.
+  std::shared_ptr<const LeaderStubs> leader_stubs() const;
 
  private:
+  void SetLeaderLocked(std::string leader) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   mutable absl::Mutex mu_;
   Coordination current_ ABSL_GUARDED_BY(mu_);
   std::string leader_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const LeaderStubs> stubs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cohort::server

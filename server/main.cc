@@ -5,6 +5,7 @@
 // --data_dir or, with --engine=memory, by nothing durable.
 #include <signal.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -80,6 +81,13 @@ ABSL_FLAG(std::vector<std::string>, etcd_endpoints, {},
           "--engine=etcd: the cluster's client endpoints, HOST:PORT,...");
 ABSL_FLAG(std::string, etcd_prefix, "/cohort/kv/",
           "--engine=etcd: the etcd key prefix every key is stored under");
+ABSL_FLAG(std::string, advertise, "",
+          "--engine=etcd: HOST:PORT at which the other replicas reach this "
+          "one (they pass rendezvous and membership calls on to the elected "
+          "leader); default: --listen's, with this host's name for 0.0.0.0");
+ABSL_FLAG(absl::Duration, election_ttl, absl::Seconds(3),
+          "--engine=etcd: the leader's etcd lease; a dead leader is replaced "
+          "within about this long");
 ABSL_FLAG(bool, sync_writes, false,
           "fsync the write-ahead log on every mutation: survives power loss, "
           "costs one fsync per write. Without it, writes survive a killed "
@@ -254,6 +262,26 @@ int main(int argc, char** argv) {
                  .key_file = absl::GetFlag(FLAGS_tls_key),
                  .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca)};
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
+  if (engine_name == "etcd") {
+    if (options.tls.enabled()) {
+      return Fail(absl::UnimplementedError(
+          "--engine=etcd with --tls_cert is not supported yet: replicas pass "
+          "calls to their leader over plaintext"));
+    }
+    options.election_endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+    options.election_ttl = absl::GetFlag(FLAGS_election_ttl);
+    options.advertise = absl::GetFlag(FLAGS_advertise);
+    if (options.advertise.empty()) {
+      std::string host = options.listen.substr(0, options.listen.rfind(':'));
+      if (host.empty() || host == "0.0.0.0" || host == "[::]") {
+        char name[256] = "";
+        gethostname(name, sizeof(name) - 1);
+        host = name;
+      }
+      options.advertise = absl::StrCat(
+          host, options.listen.substr(options.listen.rfind(':')));
+    }
+  }
   options.tcpstore_require_token = absl::GetFlag(FLAGS_tcpstore_require_token);
   // PyTorch's TCPStore protocol has no credentials: with auth on, the
   // listener would be a way around it, so it is served only when asked.

@@ -220,6 +220,11 @@ class KvStore {
   // calls keep working. Idempotent.
   void Shutdown(absl::Status status);
 
+  // On a shared engine, waits until this store's view holds every change
+  // acknowledged anywhere before the call (what a newly elected leader
+  // does before loading its state); OK at once on others.
+  absl::Status Sync() ABSL_LOCKS_EXCLUDED(mu_) { return CatchUp(); }
+
   // Makes every applied change durable (see KvEngine::Flush).
   absl::Status Flush();
 

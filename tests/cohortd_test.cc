@@ -245,10 +245,14 @@ TEST(CohortdTest, SigtermEndsWaitersWithUnavailableAndExitsCleanly) {
 }
 
 TEST(CohortdTest, BadFlagsFailWithAClearMessage) {
-  auto bad_engine = CohortdProcess::Start({"--engine=etcd"});
+  auto bad_engine = CohortdProcess::Start({"--engine=leveldb"});
   ASSERT_FALSE(bad_engine.ok());
   EXPECT_THAT(bad_engine.status().message(),
-              HasSubstr("--engine must be rocksdb or memory"));
+              HasSubstr("--engine must be rocksdb, memory or etcd"));
+  auto no_etcd = CohortdProcess::Start({"--engine=etcd"});
+  ASSERT_FALSE(no_etcd.ok());
+  EXPECT_THAT(no_etcd.status().message(),
+              HasSubstr("--etcd_endpoints needs at least one HOST:PORT"));
   // A second cohortd on the same data dir is refused, naming the folder.
   const std::string dir = FreshDir("locked");
   auto first = CohortdProcess::Start({"--data_dir=" + dir});
