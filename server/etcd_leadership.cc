@@ -67,7 +67,7 @@ class EtcdLeadership::Impl {
   }
 
   // One campaign: OK(true) if this replica won and should renew `lease`.
-  bool Campaign(int64_t* lease, std::string* leader) {
+  bool Campaign(int64_t* lease, std::string* leader, bool* retry_now) {
     etcdserverpb::LeaseGrantRequest grant;
     grant.set_ttl(std::max<int64_t>(1, absl::ToInt64Seconds(options_.ttl)));
     etcdserverpb::LeaseGrantResponse granted;
@@ -100,6 +100,15 @@ class EtcdLeadership::Impl {
     Revoke(granted.id());
     const auto& range = resp.responses(0).response_range();
     *leader = range.kvs().empty() ? "" : range.kvs(0).value();
+    if (*leader == options_.address && !range.kvs().empty()) {
+      // A previous life of this replica (killed before its lease ran out)
+      // still holds the key: end its lease, and campaign again at once.
+      Log("leadership: the key still names this replica from before a "
+          "restart; revoking that lease");
+      Revoke(range.kvs(0).lease());
+      leader->clear();
+      *retry_now = true;
+    }
     return false;
   }
 
@@ -139,7 +148,8 @@ class EtcdLeadership::Impl {
     for (;;) {
       int64_t lease = 0;
       std::string leader;
-      if (Campaign(&lease, &leader)) {
+      bool retry_now = false;
+      if (Campaign(&lease, &leader, &retry_now)) {
         leading_ = true;
         announced_ = true;
         Log(absl::StrCat("leadership: this replica (", options_.address,
@@ -163,6 +173,7 @@ class EtcdLeadership::Impl {
         Follow("");
         continue;
       }
+      if (retry_now) continue;
       Follow(leader);
       if (Sleep(options_.poll)) return;
     }

@@ -219,7 +219,8 @@ int main(int argc, char** argv) {
     const char* env = std::getenv("COHORT_TCPSTORE");
     options.tcpstore = env != nullptr && *env != '\0'
                            ? env
-                           : cohort::DefaultTcpStore(options.coordinator);
+                           : cohort::DefaultTcpStore(options.coordinator.substr(
+                                 0, options.coordinator.find(',')));
   }
   if (auto split = cohort::SplitHostPort(options.tcpstore); !split.ok()) {
     return Usage(absl::StrCat("--tcpstore: ", split.status().message()));
@@ -244,6 +245,10 @@ int main(int argc, char** argv) {
 
   cohort::ConnectionOptions connection;
   connection.address = options.coordinator;
+  // Ride out a cohortd replica's failover (a few seconds) on calls that
+  // are safe to repeat, such as joining the rendezvous.
+  connection.max_attempts = 40;
+  connection.max_backoff = absl::Seconds(1);
   connection.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
   connection.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   connection.tls_key_file = absl::GetFlag(FLAGS_tls_key);

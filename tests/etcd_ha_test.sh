@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# High availability on loopback: 3 etcd members (Debian's etcd-server) and
+# 2 cohortd replicas (--engine=etcd), under a write load whose checker
+# (tests/ha_writer.cc) keeps every acknowledged write. At random moments,
+# HA_TRIALS times each (default 20):
+#   - kill -9 the cohortd leader, then restart it;
+#   - kill -9 the etcd leader, then restart it;
+#   - SIGSTOP an etcd member for 1-2 s (a partition), then SIGCONT.
+# Then: zero acknowledged writes lost, and the counter equals the
+# acknowledged Adds (plus at most those whose answer was lost). Also:
+#   - a get blocked on a replica that is killed reconnects to the other
+#     and is released by a write there;
+#   - a rendezvous in progress (one of two nodes joined) completes after
+#     the cohortd leader is killed, and the nodes' exit barrier passes.
+set -uo pipefail
+
+COHORTD=server/cohortd
+CTL=client/cohortctl
+RUN=worker/launch/cohortrun
+WRITER=tests/ha_writer
+TRIALS=${HA_TRIALS:-20}
+TMP=${TEST_TMPDIR:-$(mktemp -d)}
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+command -v etcd >/dev/null && command -v etcdctl >/dev/null ||
+  { echo "FAIL: no etcd/etcdctl: run tools/setup.sh (Debian's etcd-server, etcd-client)"; exit 1; }
+export ETCDCTL_API=3
+
+read -r -a ports <<<"$(python3 -c '
+import socket
+ss = [socket.socket() for _ in range(8)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in ss))')"
+client_port=("${ports[0]}" "${ports[1]}" "${ports[2]}")
+peer_port=("${ports[3]}" "${ports[4]}" "${ports[5]}")
+replica_port=("${ports[6]}" "${ports[7]}")
+ENDPOINTS=127.0.0.1:${client_port[0]},127.0.0.1:${client_port[1]},127.0.0.1:${client_port[2]}
+CLUSTER=e0=http://127.0.0.1:${peer_port[0]},e1=http://127.0.0.1:${peer_port[1]},e2=http://127.0.0.1:${peer_port[2]}
+ADDRS=127.0.0.1:${replica_port[0]},127.0.0.1:${replica_port[1]}
+
+etcd_pid=() cohortd_pid=()
+cleanup() {
+  kill -9 "${etcd_pid[@]}" "${cohortd_pid[@]}" 2>/dev/null
+  [[ -n "${WPID:-}" ]] && kill -9 "$WPID" 2>/dev/null
+}
+trap cleanup EXIT
+
+start_etcd() {
+  local i=$1
+  etcd --name "e$i" --data-dir "$TMP/e$i" \
+    --listen-client-urls "http://127.0.0.1:${client_port[$i]}" \
+    --advertise-client-urls "http://127.0.0.1:${client_port[$i]}" \
+    --listen-peer-urls "http://127.0.0.1:${peer_port[$i]}" \
+    --initial-advertise-peer-urls "http://127.0.0.1:${peer_port[$i]}" \
+    --initial-cluster "$CLUSTER" --initial-cluster-state new \
+    >>"$TMP/e$i.log" 2>&1 &
+  etcd_pid[$i]=$!
+}
+start_cohortd() {
+  local r=$1
+  "$COHORTD" --listen="127.0.0.1:${replica_port[$r]}" --tcpstore_listen= \
+    --engine=etcd --etcd_endpoints="$ENDPOINTS" --election_ttl=2s \
+    >>"$TMP/c$r.log" 2>&1 &
+  cohortd_pid[$r]=$!
+}
+rand() { awk -v lo="$1" -v hi="$2" 'BEGIN { srand(); printf "%.2f", lo + rand() * (hi - lo) }'; }
+ctl() { timeout 60 "$CTL" --addr="$ADDRS" --connect_timeout=30 "$@"; }
+
+for i in 0 1 2; do start_etcd "$i"; done
+for _ in $(seq 100); do
+  etcdctl --endpoints="$ENDPOINTS" endpoint health >/dev/null 2>&1 && break
+  sleep 0.1
+done
+for r in 0 1; do start_cohortd "$r"; done
+ctl set ha/ready 1 >/dev/null || { cat "$TMP"/c*.log; echo "FAIL: the replicas did not serve"; exit 1; }
+
+cohortd_leader() {  # -> replica index
+  local at
+  at=$(etcdctl --endpoints="$ENDPOINTS" get /cohort/leader --print-value-only 2>/dev/null)
+  for r in 0 1; do [[ "$at" == "127.0.0.1:${replica_port[$r]}" ]] && { echo "$r"; return; }; done
+  echo ""
+}
+etcd_leader() {  # -> member index
+  local i status
+  for i in 0 1 2; do
+    status=$(etcdctl --endpoints="127.0.0.1:${client_port[$i]}" endpoint status -w json 2>/dev/null)
+    python3 -c '
+import json, sys
+s = json.loads(sys.argv[1])[0]["Status"]
+sys.exit(0 if s["header"]["member_id"] == s["leader"] else 1)' "$status" 2>/dev/null &&
+      { echo "$i"; return; }
+  done
+  echo ""
+}
+wait_leader() {  # waits up to 10 s for a cohortd leader; prints the time taken
+  local start=$SECONDS
+  for _ in $(seq 100); do
+    [[ -n "$(cohortd_leader)" ]] && { echo $((SECONDS - start)); return 0; }
+    sleep 0.1
+  done
+  return 1
+}
+
+"$WRITER" --addr="$ADDRS" --threads=4 --prefix=ha/ >"$TMP/writer.out" 2>&1 &
+WPID=$!
+sleep 1
+
+declare -A done_trials=([cohortd_leader]=0 [etcd_leader]=0 [etcd_stop]=0)
+for t in $(seq "$TRIALS"); do
+  sleep "$(rand 0.1 0.6)"
+  r=$(cohortd_leader)
+  if [[ -n "$r" ]]; then
+    kill -9 "${cohortd_pid[$r]}"; wait "${cohortd_pid[$r]}" 2>/dev/null
+    sleep "$(rand 0.2 0.8)"
+    start_cohortd "$r"
+    done_trials[cohortd_leader]=$((done_trials[cohortd_leader] + 1))
+  fi
+  wait_leader >/dev/null || fail "trial $t: no cohortd leader 10 s after killing one"
+
+  sleep "$(rand 0.1 0.6)"
+  i=$(etcd_leader)
+  if [[ -n "$i" ]]; then
+    kill -9 "${etcd_pid[$i]}"; wait "${etcd_pid[$i]}" 2>/dev/null
+    sleep "$(rand 0.2 0.8)"
+    start_etcd "$i"
+    done_trials[etcd_leader]=$((done_trials[etcd_leader] + 1))
+  fi
+  sleep "$(rand 0.5 1.0)"
+
+  i=$((RANDOM % 3))
+  kill -STOP "${etcd_pid[$i]}"
+  sleep "$(rand 1.0 2.0)"
+  kill -CONT "${etcd_pid[$i]}"
+  done_trials[etcd_stop]=$((done_trials[etcd_stop] + 1))
+  sleep "$(rand 0.3 0.8)"
+done
+
+kill -TERM "$WPID"
+wait "$WPID"
+writer_status=$?
+WPID=
+cat "$TMP/writer.out" | grep -v "^E[0-9]" | tail -8
+((writer_status == 0)) || fail "the checker found lost or doubled writes"
+echo "trials: cohortd leader killed ${done_trials[cohortd_leader]}, etcd leader killed ${done_trials[etcd_leader]}, etcd member stopped ${done_trials[etcd_stop]}"
+for k in cohortd_leader etcd_leader etcd_stop; do
+  ((done_trials[$k] >= TRIALS)) || fail "only ${done_trials[$k]} of $TRIALS $k trials ran"
+done
+
+# A get blocked on replica 0 (the first address: pick_first uses it) is
+# released by a write through replica 1 after replica 0 is killed.
+ctl get ha/late --timeout=60 >"$TMP/blocked.out" 2>&1 &
+BLOCKED=$!
+sleep 0.5
+kill -9 "${cohortd_pid[0]}"; wait "${cohortd_pid[0]}" 2>/dev/null
+timeout 30 "$CTL" --addr="127.0.0.1:${replica_port[1]}" set ha/late released >/dev/null ||
+  fail "set through replica 1"
+wait $BLOCKED
+[[ "$(cat "$TMP/blocked.out")" == released ]] ||
+  fail "the get blocked on the killed replica: $(cat "$TMP/blocked.out")"
+start_cohortd 0
+wait_leader >/dev/null || fail "no leader after restarting replica 0"
+
+# A rendezvous in progress across a leader failover: node a joins, the
+# leader is killed, node b joins; both run and pass their exit barrier.
+node() {
+  timeout 90 "$RUN" --coordinator="$ADDRS" --run-id=hajob --node-id="$1" \
+    --nnodes=2 --heartbeat-interval=1s --join-timeout=60s -- /bin/true \
+    >"$TMP/node.$1.out" 2>&1
+  echo $? >"$TMP/node.$1.rc"
+}
+node a & NA=$!
+sleep 1.5
+r=$(cohortd_leader)
+[[ -n "$r" ]] && { kill -9 "${cohortd_pid[$r]}"; wait "${cohortd_pid[$r]}" 2>/dev/null; }
+sleep 0.5
+[[ -n "$r" ]] && start_cohortd "$r"
+failover=$(wait_leader) || fail "no leader after killing it mid-rendezvous"
+node b & NB=$!
+wait $NA $NB
+for n in a b; do
+  [[ "$(cat "$TMP/node.$n.rc")" == 0 ]] ||
+    fail "node $n of the rendezvous across the failover: $(cat "$TMP/node.$n.out")"
+done
+echo "rendezvous across a leader failover: completed (new leader after ${failover:-?} s)"
+
+if ((failures)); then
+  for f in "$TMP"/c*.log; do echo "--- $f"; tail -20 "$f"; done
+  echo "etcd_ha_test: $failures check(s) failed"
+  exit 1
+fi
+echo "etcd_ha_test: every check passed"
