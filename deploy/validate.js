@@ -148,6 +148,24 @@ function seconds(duration) {
   return Number(m[1]) * { ms: 0.001, s: 1, m: 60, h: 3600 }[m[2]];
 }
 
+// Images not built here, by repository: the tag each must be pinned to
+// exactly (a release, not a moving tag). overlays/ha runs etcd 3.4, as
+// Debian's etcd-server.
+const kThirdPartyImages = new Map([
+  ["quay.io/coreos/etcd", /^v3\.\d+\.\d+$/],
+  ["gcr.io/etcd-development/etcd", /^v3\.\d+\.\d+$/],
+  ["registry.k8s.io/etcd", /^3\.\d+\.\d+-\d+$/],
+]);
+
+function imageTag(image) {
+  const m = /:([^/:@]+)(?:@.*)?$/.exec(image);
+  return m ? m[1] : "";
+}
+
+function isEtcdImage(image) {
+  return path.basename(imageRepo(image || "")) === "etcd" && kThirdPartyImages.has(imageRepo(image));
+}
+
 function imageRepo(image) {
   return image.replace(/@.*$/, "").replace(/:[^/:]+$/, "");
 }
@@ -246,7 +264,11 @@ function checkContainer(where, o, pod, c, ctx) {
   } else if (/:latest$/.test(c.image)) {
     problem(at, `image '${c.image}' uses :latest`);
   }
-  if (c.image && !ctx.stages.has(path.basename(imageRepo(c.image)))) {
+  if (c.image && kThirdPartyImages.has(imageRepo(c.image))) {
+    if (!kThirdPartyImages.get(imageRepo(c.image)).test(imageTag(c.image))) {
+      problem(at, `image '${c.image}' is not pinned to a release tag (${kThirdPartyImages.get(imageRepo(c.image))})`);
+    }
+  } else if (c.image && !ctx.stages.has(path.basename(imageRepo(c.image)))) {
     problem(at, `image '${c.image}': deploy/Dockerfile has no stage '${path.basename(imageRepo(c.image))}'`);
   }
   // Probes aim at declared ports.
@@ -395,9 +417,20 @@ function checkCohortd(where, o, c, render) {
   if (grace === undefined || cfg.grace === null || grace < cfg.grace + 5) {
     problem(where, `terminationGracePeriodSeconds ${grace} leaves no room after --shutdown_grace (${cfg.grace}s) to close the store`);
   }
-  const dataDir = cfg.flags.get("data_dir") || "./cohort-data";
-  if (!(c.volumeMounts || []).some((m) => m.mountPath === dataDir)) {
-    problem(at, `--data_dir=${dataDir} is not a mounted volume`);
+  const engine = cfg.flags.get("engine") || "rocksdb";
+  if (engine === "etcd") {
+    checkCohortdOnEtcd(where, o, c, cfg, render);
+  } else if (engine === "rocksdb") {
+    // One RocksDB, one writer: replicas would each keep their own store.
+    if (o.kind !== "StatefulSet" || o.spec.replicas !== 1) {
+      problem(where, `--engine=rocksdb runs as a StatefulSet of 1 replica (a store each replica would not share), not a ${o.kind} of ${o.spec.replicas}`);
+    }
+    const dataDir = cfg.flags.get("data_dir") || "./cohort-data";
+    if (!(c.volumeMounts || []).some((m) => m.mountPath === dataDir)) {
+      problem(at, `--data_dir=${dataDir} is not a mounted volume`);
+    }
+  } else if (engine !== "memory") {
+    problem(at, `--engine=${engine} is none of rocksdb, memory, etcd`);
   }
   // The NetworkPolicy of this render selects these pods and lets training
   // pods reach the ports they use.
@@ -414,6 +447,213 @@ function checkCohortd(where, o, c, render) {
     problem(where, "no PodDisruptionBudget selects cohortd's pods");
   }
   return { name: o.metadata.name, namespace: o.metadata.namespace, render, cfg, pod, policies };
+}
+
+// Whether env NAME of container c comes from the downward API's fieldPath.
+function fromField(c, name, fieldPath) {
+  const e = (c.env || []).find((x) => x.name === name);
+  return Boolean(e && e.valueFrom && e.valueFrom.fieldRef && e.valueFrom.fieldRef.fieldPath === fieldPath);
+}
+
+// "$(POD_NAMESPACE)" (from the downward API) or the render's namespace.
+function namespaceOk(c, o, ns) {
+  return ns === o.metadata.namespace || (ns === "$(POD_NAMESPACE)" && fromField(c, "POD_NAMESPACE", "metadata.namespace"));
+}
+
+// The NetworkPolicies of a render that select pods labelled `labels`.
+function policiesOf(render, labels) {
+  return render.objects.filter((p) => p.kind === "NetworkPolicy" && labelsMatch(p.spec.podSelector, labels));
+}
+
+function pdbOf(render, labels) {
+  return render.objects.find((p) => p.kind === "PodDisruptionBudget" && labelsMatch(p.spec.selector, labels));
+}
+
+// etcd's members: a StatefulSet of an odd number >= 3 of etcd members that
+// bootstrap from their stable DNS names, with a volume each, probes on
+// /health, a majority PDB and a NetworkPolicy. Returns what cohortd's
+// check needs, or null.
+const etcdChecked = new Map();
+function checkEtcd(where, o, c, render) {
+  if (!etcdChecked.has(o)) etcdChecked.set(o, checkEtcdOnce(where, o, c, render));
+  return etcdChecked.get(o);
+}
+
+function checkEtcdOnce(where, o, c, render) {
+  const at = `${where} container ${c.name}`;
+  const f = new Map();
+  for (const a of [...(c.command || []).slice(1), ...(c.args || [])]) {
+    const m = /^--([a-z0-9-]+)(?:=(.*))?$/.exec(a);
+    if (m) f.set(m[1], m[2] === undefined ? "true" : m[2]);
+  }
+  const replicas = o.spec.replicas === undefined ? 1 : o.spec.replicas;
+  const pod = o.spec.template;
+  const labels = pod.metadata.labels;
+  if (replicas < 3 || replicas % 2 === 0) {
+    problem(where, `etcd has ${replicas} members: an odd number of 3 or more keeps a quorum through the loss of one`);
+  }
+  if (o.spec.podManagementPolicy !== "Parallel") {
+    problem(where, "etcd members must start in parallel (podManagementPolicy: Parallel): member 0 is not ready until a quorum has met");
+  }
+  const urlPort = (flag) => {
+    const m = /^https?:\/\/[^/]+:(\d+)$/.exec(f.get(flag) || "");
+    return m ? Number(m[1]) : null;
+  };
+  const clientPort = urlPort("listen-client-urls");
+  const peerPort = urlPort("listen-peer-urls");
+  for (const [flag, port] of [["listen-client-urls", clientPort], ["listen-peer-urls", peerPort]]) {
+    if (port === null) problem(at, `--${flag}=${f.get(flag)} is not one http(s)://HOST:PORT`);
+    else if (!containerPort(c, port)) problem(at, `--${flag} port ${port} is not a containerPort`);
+  }
+  if (f.get("name") !== "$(POD_NAME)" || !fromField(c, "POD_NAME", "metadata.name")) {
+    problem(at, "--name is not $(POD_NAME) from metadata.name: members would not match --initial-cluster");
+  }
+  const headless = render.objects.find((s) => s.kind === "Service" && s.metadata.name === o.spec.serviceName);
+  if (headless && !headless.spec.publishNotReadyAddresses) {
+    problem(`${render.name} Service ${headless.metadata.name}`, "etcd's headless Service must publishNotReadyAddresses: members resolve each other before any is ready");
+  }
+  const dns = (member, port) => `http://${member}.${o.spec.serviceName}.$(POD_NAMESPACE).svc:${port}`;
+  const want = [];
+  for (let i = 0; i < replicas; ++i) want.push(`${o.metadata.name}-${i}=${dns(`${o.metadata.name}-${i}`, peerPort)}`);
+  const have = (f.get("initial-cluster") || "").split(",").map((x) => x.replace(`.${o.metadata.namespace}.svc:`, ".$(POD_NAMESPACE).svc:"));
+  if (have.join(",") !== want.join(",")) {
+    problem(at, `--initial-cluster=${f.get("initial-cluster")} does not list the ${replicas} members by their stable names (${want.join(",")})`);
+  }
+  if (!fromField(c, "POD_NAMESPACE", "metadata.namespace") && have.some((x) => x.includes("$(POD_NAMESPACE)"))) {
+    problem(at, "--initial-cluster uses $(POD_NAMESPACE), not from metadata.namespace");
+  }
+  if (f.get("initial-advertise-peer-urls") !== dns("$(POD_NAME)", peerPort)) {
+    problem(at, `--initial-advertise-peer-urls=${f.get("initial-advertise-peer-urls")} is not ${dns("$(POD_NAME)", peerPort)}`);
+  }
+  if (f.get("initial-cluster-state") !== "new") problem(at, "--initial-cluster-state is not new");
+  const dataDir = f.get("data-dir") || "";
+  const claims = new Set(((o.spec.volumeClaimTemplates) || []).map((t) => t.metadata.name));
+  const mount = (c.volumeMounts || []).find((m) => dataDir === m.mountPath || dataDir.startsWith(m.mountPath.replace(/\/?$/, "/")));
+  if (!mount || !claims.has(mount.name)) problem(at, `--data-dir=${dataDir} is not on a volumeClaimTemplate's volume`);
+  for (const probe of ["livenessProbe", "readinessProbe"]) {
+    const g = c[probe] && c[probe].httpGet;
+    const port = g && containerPort(c, g.port);
+    if (!g || g.path !== "/health" || !port || port.containerPort !== clientPort || (g.scheme || "HTTP") !== "HTTP") {
+      problem(at, `${probe} is not an HTTP GET of /health on the clients' port ${clientPort}`);
+    }
+  }
+  const pdb = pdbOf(render, labels);
+  const majority = Math.floor(replicas / 2) + 1;
+  if (!pdb) problem(where, "no PodDisruptionBudget selects etcd's members");
+  else if (pdb.spec.minAvailable !== majority) {
+    problem(`${render.name} PodDisruptionBudget ${pdb.metadata.name}`, `minAvailable ${pdb.spec.minAvailable} is not etcd's quorum ${majority} of ${replicas}`);
+  }
+  const policies = policiesOf(render, labels);
+  if (policies.length === 0) problem(where, "no NetworkPolicy selects etcd's members");
+  else if (!admits(policies, labels, peerPort)) problem(where, `etcd's NetworkPolicy does not let members reach each other on ${peerPort}`);
+  return { name: o.metadata.name, serviceName: o.spec.serviceName, replicas, clientPort, labels, policies };
+}
+
+// cohortd over etcd: stateless replicas (a Deployment, no volume) that name
+// a rendered etcd, advertise their pod IP to each other, reach each other
+// and etcd, and no one else reaches etcd.
+function checkCohortdOnEtcd(where, o, c, cfg, render) {
+  const at = `${where} container ${c.name}`;
+  const pod = o.spec.template;
+  const labels = pod.metadata.labels;
+  const replicas = o.spec.replicas === undefined ? 1 : o.spec.replicas;
+  if (o.kind !== "Deployment") problem(where, `--engine=etcd replicas keep no state: a Deployment, not a ${o.kind}`);
+  if ((o.spec.volumeClaimTemplates || []).length > 0 || (pod.spec.volumes || []).some((v) => v.persistentVolumeClaim)) {
+    problem(where, "--engine=etcd keeps no state, but has a PersistentVolumeClaim");
+  }
+  if (cfg.flags.has("data_dir")) problem(at, "--data_dir has no use with --engine=etcd");
+  if (cfg.tls) problem(at, "--engine=etcd with --tls_cert: cohortd refuses it (not supported yet)");
+  if (replicas < 2) problem(where, `--engine=etcd with ${replicas} replica: nothing to fail over to`);
+  const pdb = pdbOf(render, labels);
+  if (pdb && pdb.spec.minAvailable !== undefined && pdb.spec.minAvailable >= replicas) {
+    problem(`${render.name} PodDisruptionBudget ${pdb.metadata.name}`, `minAvailable ${pdb.spec.minAvailable} of ${replicas} replicas blocks every drain`);
+  }
+  // The etcd members it names, all of one rendered etcd StatefulSet.
+  const etcds = [];
+  for (const s of render.objects) {
+    if (s.kind !== "StatefulSet") continue;
+    const ec = s.spec.template.spec.containers.find((x) => isEtcdImage(x.image));
+    if (ec) etcds.push({ sts: s, c: ec });
+  }
+  const endpoints = (cfg.flags.get("etcd_endpoints") || "").split(",").filter((e) => e);
+  if (endpoints.length === 0) problem(at, "--engine=etcd without --etcd_endpoints");
+  const named = new Set();
+  let etcd = null;
+  for (const e of endpoints) {
+    // MEMBER.SERVICE.NS.svc:PORT (a member's stable name) or SERVICE.NS.svc:PORT.
+    const m = /^(?:([a-z0-9-]+)\.)?([a-z0-9-]+)\.(\$\(POD_NAMESPACE\)|[a-z0-9-]+)\.svc(?:\.cluster\.local)?:(\d+)$/.exec(e);
+    if (!m) {
+      problem(at, `--etcd_endpoints: '${e}' is not [MEMBER.]SERVICE.$(POD_NAMESPACE).svc:PORT`);
+      continue;
+    }
+    const [, member, serviceName, ns, port] = m;
+    if (!namespaceOk(c, o, ns)) problem(at, `--etcd_endpoints: '${e}' is not in this namespace`);
+    const service = render.objects.find((s) => s.kind === "Service" && s.metadata.name === serviceName);
+    if (!service) {
+      problem(at, `--etcd_endpoints: no Service '${serviceName}' in this overlay`);
+      continue;
+    }
+    const sp = (service.spec.ports || []).find((p) => p.port === Number(port));
+    const backend = etcds.find((x) => serviceSelects(service, x.sts.spec.template.metadata.labels));
+    if (!backend) {
+      problem(at, `--etcd_endpoints: Service ${serviceName} selects no etcd StatefulSet of this overlay`);
+      continue;
+    }
+    const info = checkEtcd(`${render.name} StatefulSet ${backend.sts.metadata.name}`, backend.sts, backend.c, render);
+    if (etcd && etcd.name !== info.name) problem(at, "--etcd_endpoints name two etcd clusters");
+    etcd = info;
+    const target = sp && (sp.targetPort === undefined ? sp.port : sp.targetPort);
+    const tp = sp && containerPort(backend.c, target);
+    if (!sp || !tp || tp.containerPort !== info.clientPort) {
+      problem(at, `--etcd_endpoints: Service ${serviceName} port ${port} is not etcd's clients' port ${info.clientPort}`);
+    }
+    if (member !== undefined) {
+      const mm = new RegExp(`^${info.name}-(\\d+)$`).exec(member);
+      if (serviceName !== info.serviceName || service.spec.clusterIP !== "None") {
+        problem(at, `--etcd_endpoints: '${e}': member names resolve through the StatefulSet's headless Service ${info.serviceName}`);
+      } else if (!mm || Number(mm[1]) >= info.replicas) {
+        problem(at, `--etcd_endpoints: '${e}' names no member of the ${info.replicas} of StatefulSet ${info.name}`);
+      } else named.add(Number(mm[1]));
+    } else if (service.spec.clusterIP === "None") {
+      problem(at, `--etcd_endpoints: '${e}' is the headless Service: name its members or the clients' Service`);
+    } else named.add("all");
+  }
+  if (etcd && !named.has("all") && named.size !== etcd.replicas) {
+    problem(at, `--etcd_endpoints names ${named.size} of etcd's ${etcd.replicas} members: it could not fail over to the others`);
+  }
+  // --advertise: this pod's IP, on the gRPC port.
+  const adv = cfg.flags.get("advertise") || "";
+  if (adv !== `$(POD_IP):${cfg.grpcPort}` || !fromField(c, "POD_IP", "status.podIP")) {
+    problem(at, `--advertise=${adv} is not $(POD_IP):${cfg.grpcPort} with POD_IP from status.podIP: followers could not reach the leader`);
+  }
+  const ttl = seconds(cfg.flags.get("election_ttl") || "3s");
+  const grace = pod.spec.terminationGracePeriodSeconds;
+  if (ttl === null || grace === undefined || ttl >= grace) {
+    problem(where, `--election_ttl=${cfg.flags.get("election_ttl")} is not less than terminationGracePeriodSeconds ${grace}`);
+  }
+  // Replicas reach each other (followers pass calls to the leader) and
+  // etcd; training pods reach gRPC and the TCPStore; no one else reaches etcd.
+  const policies = policiesOf(render, labels);
+  if (!admits(policies, labels, cfg.grpcPort)) {
+    problem(where, `cohortd's NetworkPolicy does not let replicas reach each other on ${cfg.grpcPort}`);
+  }
+  const training = { "cohort.dev/role": "training" };
+  for (const port of [cfg.grpcPort, cfg.tcpstorePort]) {
+    if (port !== null && !admits(policies, training, port)) problem(where, `cohortd's NetworkPolicy does not admit training pods to ${port}`);
+  }
+  if (etcd) {
+    if (etcd.policies.length === 0 || !admits(etcd.policies, labels, etcd.clientPort)) {
+      problem(where, `etcd's NetworkPolicy does not admit cohortd's pods to ${etcd.clientPort}`);
+    }
+    for (const p of etcd.policies) {
+      for (const rule of p.spec.ingress || []) {
+        if (rule.ports && !rule.ports.some((x) => x.port === etcd.clientPort || x.port === "client")) continue;
+        const onlyCohortd = (rule.from || []).length > 0 && rule.from.every((peer) => !peer.namespaceSelector && !peer.ipBlock &&
+            peer.podSelector && Object.keys(peer.podSelector.matchLabels || {}).length > 0 && labelsMatch(peer.podSelector, labels));
+        if (!onlyCohortd) problem(`${render.name} NetworkPolicy ${p.metadata.name}`, `lets others than cohortd's pods reach etcd's clients' port ${etcd.clientPort}`);
+      }
+    }
+  }
 }
 
 // Whether `policies` admit a pod labelled `labels` to `port`.
@@ -614,12 +854,19 @@ async function main() {
   const coordinators = [];
   for (const render of renders) {
     for (const o of render.objects) {
-      if (o.kind !== "StatefulSet") continue;
+      if (o.kind !== "StatefulSet" && o.kind !== "Deployment") continue;
       for (const c of o.spec.template.spec.containers) {
         if (path.basename(imageRepo(c.image || "")) !== "cohortd") continue;
         const k = checkCohortd(`${render.name} ${o.kind} ${o.metadata.name}`, o, c, render);
         k.services = new Map(render.objects.filter((s) => s.kind === "Service" && serviceSelects(s, k.pod.metadata.labels)).map((s) => [s.metadata.name, s]));
         coordinators.push(k);
+      }
+    }
+    // etcd that no cohortd names is checked too.
+    for (const o of render.objects) {
+      if (o.kind !== "StatefulSet") continue;
+      for (const c of o.spec.template.spec.containers) {
+        if (isEtcdImage(c.image)) checkEtcd(`${render.name} ${o.kind} ${o.metadata.name}`, o, c, render);
       }
     }
   }
