@@ -37,6 +37,9 @@ ABSL_FLAG(std::string, tls_key, "",
 ABSL_FLAG(std::string, token_file, "",
           "file whose first line is the token to call with; default "
           "$COHORT_TOKEN, else the file $COHORT_TOKEN_FILE names");
+ABSL_FLAG(int64_t, from_revision, 0,
+          "watch: deliver the changes from this revision on (those cohortd "
+          "still holds) before the new ones; 0: only new ones");
 ABSL_FLAG(absl::Duration, ttl, absl::ZeroDuration(),
           "token issue: the token's lifetime (e.g. 24h); 0: until revoked");
 ABSL_FLAG(std::string, description, "",
@@ -56,7 +59,8 @@ Commands:
   check KEY...              print true if every KEY exists, else false
   list [PREFIX]             print the keys under PREFIX, one a line
   num-keys                  print the number of keys
-  watch [PREFIX]            print changes under PREFIX until interrupted
+  watch [PREFIX] [--from_revision=R]
+                            print changes under PREFIX until interrupted
 
 With auth (cohortd --auth_tokens):
   whoami                    print the token's role, prefix and source
@@ -143,7 +147,8 @@ std::vector<std::string> ParseArgs(int argc, char** argv) {
 
 int RunWatch(cohort::Store& store, const std::string& prefix,
              const sigset_t& stop_signals) {
-  auto watch = store.Watch(prefix, 0, [](const cohort::WatchEvent& e) {
+  auto watch = store.Watch(prefix, absl::GetFlag(FLAGS_from_revision),
+                           [](const cohort::WatchEvent& e) {
     PrintLine(absl::StrCat(
         e.revision, " ",
         e.type == cohort::WatchEvent::Type::kPut ? "PUT " : "DELETE ", e.key,

@@ -1,5 +1,7 @@
 #include "server/etcd_engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <map>
@@ -24,6 +26,14 @@ using store::Mutation;
 
 // Keys read per Range page while loading the view.
 constexpr int64_t kLoadPage = 1000;
+
+// Every commit also writes this key (in cohortd's reserved namespace, so no
+// client writes it, and left out of the view): its modification revision is
+// the revision of the last commit, which a quorum read of it returns, and
+// its change is an event the watch brings in order. That makes the read
+// barrier safe without etcd 3.4's progress reports, which may claim a
+// revision the watch has not delivered yet.
+constexpr absl::string_view kLastWrite = "/cohort/etcd/last-write";
 
 bool Retryable(const grpc::Status& s) {
   return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -192,6 +202,10 @@ class EtcdEngine final : public KvEngine {
         op->mutable_request_delete_range()->set_key(options_.prefix + m.key);
       }
     }
+    if (last.find(kLastWrite) == last.end()) {
+      txn.add_success()->mutable_request_put()->set_key(
+          absl::StrCat(options_.prefix, kLastWrite));
+    }
     absl::flat_hash_map<absl::string_view, int64_t> compared;
     for (const Guard& g : guards) {
       if (!compared.emplace(g.key, g.mod_revision).second) continue;
@@ -226,9 +240,8 @@ class EtcdEngine final : public KvEngine {
 
   absl::StatusOr<int64_t> ReadBarrier() override {
     etcdserverpb::RangeRequest req;
-    req.set_key(options_.prefix);
-    req.set_range_end(prefix_end_);
-    req.set_count_only(true);
+    req.set_key(absl::StrCat(options_.prefix, kLastWrite));
+    req.set_keys_only(true);
     etcdserverpb::RangeResponse resp;
     grpc::Status s = CallWithFailover(
         [&](Member& m, grpc::ClientContext* c) {
@@ -236,8 +249,7 @@ class EtcdEngine final : public KvEngine {
         },
         /*retry=*/true);
     if (!s.ok()) return FromGrpc(s, "etcd read barrier");
-    RequestProgress();
-    return resp.header().revision();
+    return resp.kvs().empty() ? int64_t{0} : resp.kvs(0).mod_revision();
   }
 
   absl::Status StartFeed(Feed feed) override {
@@ -296,6 +308,7 @@ class EtcdEngine final : public KvEngine {
 
   absl::Status LoadOnce() {
     data_.clear();
+    last_write_ = 0;
     int64_t at = 0;
     std::string from = options_.prefix;
     for (;;) {
@@ -313,25 +326,25 @@ class EtcdEngine final : public KvEngine {
       if (!s.ok()) return FromGrpc(s, "loading the keys");
       if (at == 0) at = resp.header().revision();
       for (const mvccpb::KeyValue& kv : resp.kvs()) {
-        data_[kv.key().substr(options_.prefix.size())] =
-            Entry{kv.value(), kv.mod_revision()};
+        std::string key = kv.key().substr(options_.prefix.size());
+        if (key == kLastWrite) {
+          last_write_ = kv.mod_revision();
+          continue;
+        }
+        data_[std::move(key)] = Entry{kv.value(), kv.mod_revision()};
       }
       if (!resp.more() || resp.kvs().empty()) break;
       from = resp.kvs(resp.kvs_size() - 1).key() + '\0';
     }
     revision_ = at;
-    next_revision_ = at + 1;
+    next_revision_ = std::max<int64_t>(1, at + 1 - options_.history_revisions);
+    // The replay is whole once it has brought the last commit made through
+    // cohortd before the load (none: nothing to replay).
+    replay_until_ = last_write_ >= next_revision_ ? last_write_ : 0;
+    loaded_ = at;
     Log(absl::StrCat("etcd: loaded ", data_.size(), " keys under ",
                      options_.prefix, " at revision ", at));
     return absl::OkStatus();
-  }
-
-  void RequestProgress() {
-    absl::MutexLock lock(&stream_mu_);
-    if (stream_ == nullptr) return;
-    etcdserverpb::WatchRequest req;
-    req.mutable_progress_request();
-    stream_->Write(req);
   }
 
   // The watch loop: one stream at a time, reopened on the next member
@@ -353,13 +366,18 @@ class EtcdEngine final : public KvEngine {
         c->set_key(options_.prefix);
         c->set_range_end(prefix_end_);
         c->set_start_revision(next_revision_);
-        c->set_progress_notify(true);
         open = stream->Write(create);
         if (open) stream_ = stream.get();
       }
       bool delivered = false;
       etcdserverpb::WatchResponse resp;
       while (open && stream->Read(&resp)) {
+        if (resp.canceled() && resp.compact_revision() > 0 &&
+            next_revision_ <= replay_until_) {
+          // Part of the replay is compacted away: replay what etcd holds.
+          next_revision_ = resp.compact_revision();
+          break;
+        }
         if (resp.canceled()) {
           Log(absl::StrCat("etcd: the watch was cancelled",
                            resp.compact_revision() > 0
@@ -368,11 +386,22 @@ class EtcdEngine final : public KvEngine {
                                               resp.compact_revision(), ")")
                                : "",
                            ": ", resp.cancel_reason()));
+          if (resp.compact_revision() > 0) {
+            // Changes this view never saw are gone from etcd: the view
+            // cannot be repaired in place. A replica keeps no state of its
+            // own, so the restart that follows reloads it whole.
+            Log("etcd: exiting so that a restart reloads this replica's view");
+            _exit(70);
+          }
           break;
         }
         if (resp.created()) {
-          // The stream holds now: the next barrier may need its report.
           delivered = true;
+          if (replay_until_ == 0 && !replay_reported_) {
+            // Nothing to replay: the store's history is whole at once.
+            replay_reported_ = true;
+            feed_(loaded_, {});
+          }
           continue;
         }
         Deliver(resp);
@@ -401,23 +430,25 @@ class EtcdEngine final : public KvEngine {
   // Hands the events of `resp` to the feed, one revision at a time; a
   // response without events is a progress report.
   void Deliver(const etcdserverpb::WatchResponse& resp) {
-    if (resp.events().empty()) {
-      const int64_t at = resp.header().revision();
-      if (at >= next_revision_) {
-        feed_(at, {});
-        next_revision_ = at + 1;
-      }
-      return;
-    }
+    // Responses without events (progress reports) are not trusted: see
+    // kLastWrite.
     std::vector<Mutation> batch;
     int64_t batch_revision = 0;
     auto flush = [&] {
-      if (batch.empty()) return;
+      if (batch_revision == 0) return;
       if (batch_revision >= next_revision_) {
+        // A revision whose only change is kLastWrite still advances the
+        // view (empty mutations).
         feed_(batch_revision, std::move(batch));
         next_revision_ = batch_revision + 1;
+        if (!replay_reported_ && replay_until_ > 0 &&
+            batch_revision >= replay_until_) {
+          replay_reported_ = true;
+          feed_(loaded_, {});  // The replay is whole.
+        }
       }
       batch.clear();
+      batch_revision = 0;
     };
     for (const mvccpb::Event& e : resp.events()) {
       const int64_t revision = e.kv().mod_revision();
@@ -425,9 +456,11 @@ class EtcdEngine final : public KvEngine {
         flush();
         batch_revision = revision;
       }
-      Mutation m;
-      m.key = e.kv().key().substr(
+      std::string key = e.kv().key().substr(
           std::min(options_.prefix.size(), e.kv().key().size()));
+      if (key == kLastWrite) continue;
+      Mutation m;
+      m.key = std::move(key);
       if (e.type() == mvccpb::Event::PUT) {
         m.kind = Mutation::Kind::kPut;
         m.value = e.kv().value();
@@ -455,6 +488,12 @@ class EtcdEngine final : public KvEngine {
   // The feed thread's.
   Feed feed_;
   int64_t next_revision_ = 1;
+  // The revision loaded, and kLastWrite's revision then: the watch first
+  // replays changes up to it (0: nothing to replay), then says so once.
+  int64_t loaded_ = 0;
+  int64_t last_write_ = 0;
+  int64_t replay_until_ = 0;
+  bool replay_reported_ = false;
   std::thread feed_thread_;
 
   absl::Mutex stream_mu_;

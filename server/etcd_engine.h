@@ -39,6 +39,10 @@ struct EtcdEngineOptions {
   std::string prefix = "/cohort/kv/";
   // Deadline of each etcd call.
   absl::Duration call_timeout = absl::Seconds(5);
+  // At start the watch replays up to this many revisions from before the
+  // load (those etcd still holds), so that a watch can resume from them on
+  // this replica too (after a failover, say).
+  int64_t history_revisions = 10000;
   // How long the engine keeps trying members at start before giving up.
   absl::Duration connect_timeout = absl::Seconds(30);
   // Where failovers and watch restarts are reported.

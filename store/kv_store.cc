@@ -60,6 +60,7 @@ KvStore::KvStore(std::unique_ptr<KvEngine> engine, StoreLimits limits)
   compacted_revision_ = revision_;
   if (engine_->shared()) {
     shared_ = engine_.get();
+    loaded_revision_ = revision_;
     absl::Status started =
         shared_->StartFeed([this](int64_t revision, std::vector<Mutation> m) {
           OnFeed(revision, std::move(m));
@@ -134,7 +135,39 @@ void KvStore::OnFeed(int64_t revision, std::vector<Mutation> mutations) {
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
-    if (revision <= revision_) return;
+    if (revision <= revision_ && mutations.empty() &&
+        revision == loaded_revision_ && loaded_revision_ > 0) {
+      // The engine says its replay is whole.
+      FinishReplayLocked();
+      return;
+    }
+    if (revision <= revision_) {
+      // A change from before the store loaded: history only, so that a
+      // watch may resume from it.
+      if (revision <= loaded_revision_ && !mutations.empty() &&
+          (history_.empty() || history_.back().revision < revision)) {
+        if (replayed_from_ == 0) replayed_from_ = revision;
+        std::vector<Event> events;
+        for (Mutation& m : mutations) {
+          Event e;
+          e.revision = revision;
+          e.type = m.kind == Mutation::Kind::kPut ? Event::Type::kPut
+                                                  : Event::Type::kDelete;
+          if (m.kind == Mutation::Kind::kPut) {
+            e.value = std::make_shared<const std::string>(std::move(m.value));
+          }
+          e.key = std::move(m.key);
+          history_bytes_ += EventBytes(e);
+          history_.push_back(std::move(e));
+        }
+        TrimHistoryLocked();
+        // Until the replay is over the history is not contiguous: resuming
+        // watches stay refused below the loaded revision.
+        compacted_revision_ = loaded_revision_;
+      }
+      return;
+    }
+    if (loaded_revision_ > 0) FinishReplayLocked();
     if (!mutations.empty()) {
       // Updates the engine's view only: the change is already committed.
       if (absl::Status s = engine_->Apply(mutations, revision); !s.ok()) {
@@ -145,6 +178,16 @@ void KvStore::OnFeed(int64_t revision, std::vector<Mutation> mutations) {
     revision_ = revision;
   }
   for (auto& fn : deferred) fn();
+}
+
+void KvStore::FinishReplayLocked() {
+  // The history now reaches back to the replay's start.
+  if (replayed_from_ > 0 && !history_.empty() &&
+      history_.front().revision <= loaded_revision_) {
+    compacted_revision_ = history_.front().revision - 1;
+  }
+  replayed_from_ = 0;
+  loaded_revision_ = 0;
 }
 
 absl::Status KvStore::AwaitRevision(int64_t target, absl::Duration timeout) {

@@ -275,6 +275,8 @@ class KvStore {
   // A shared engine's change, from its feed.
   void OnFeed(int64_t revision, std::vector<Mutation> mutations)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A shared engine's replay of the changes before the load is over.
+  void FinishReplayLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until the view holds revision `target`: OK, or UNAVAILABLE after
   // `timeout` naming both revisions.
   absl::Status AwaitRevision(int64_t target, absl::Duration timeout)
@@ -329,6 +331,11 @@ class KvStore {
   size_t history_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Changes at or below this revision are no longer in history_.
   int64_t compacted_revision_ ABSL_GUARDED_BY(mu_) = 0;
+  // A shared engine replays changes from before the store loaded, for the
+  // history only: the first one replayed (0: none yet). compacted_revision_
+  // moves down to it once the replay has reached the loaded revision.
+  int64_t replayed_from_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t loaded_revision_ ABSL_GUARDED_BY(mu_) = 0;
   // Last, so it is destroyed (and its thread joined) first: its callbacks
   // use everything above.
   base::DeadlineTimer timer_;

@@ -160,6 +160,23 @@ wait $BLOCKED
 start_cohortd 0
 wait_leader >/dev/null || fail "no leader after restarting replica 0"
 
+# A watch resumes from a revision etcd holds on a replica that started
+# after it: the replica replays its history from etcd.
+now=$(etcdctl --endpoints="$ENDPOINTS" get /cohort/kv/ha/late -w json |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["header"]["revision"])')
+from=$((now - 20))
+resumed=0
+for _ in $(seq 10); do  # while the restarted replica loads and replays
+  timeout 2 "$CTL" --addr="127.0.0.1:${replica_port[0]}" watch ha/ \
+    --from_revision="$from" >"$TMP/resumed.out" 2>&1
+  resumed=$(grep -c "^[0-9]* PUT ha/" "$TMP/resumed.out")
+  ((resumed > 0)) && break
+  sleep 0.5
+done
+((resumed > 0)) ||
+  fail "a watch from revision $from (etcd at $now) on the restarted replica: $(head -3 "$TMP/resumed.out")"
+echo "watch resumed from revision $from on a replica started later: $resumed events"
+
 # A rendezvous in progress across a leader failover: node a joins, the
 # leader is killed, node b joins; both run and pass their exit barrier.
 node() {
