@@ -16,6 +16,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace cohort {
 namespace {
@@ -86,6 +87,19 @@ class TcpStoreClient::Conn {
   static absl::StatusOr<std::unique_ptr<Conn>> Open(
       const std::string& address, absl::Time deadline,
       absl::Duration reply_timeout) {
+    // Several servers (cohortd replicas), "HOST:PORT,HOST:PORT": each in
+    // turn, until one accepts.
+    if (address.find(',') != std::string::npos) {
+      std::string errors;
+      for (absl::string_view one : absl::StrSplit(address, ',')) {
+        absl::StatusOr<std::unique_ptr<Conn>> conn =
+            Open(std::string(one), deadline, reply_timeout);
+        if (conn.ok()) return conn;
+        absl::StrAppend(&errors, errors.empty() ? "" : "; ", one, ": ",
+                        conn.status().message());
+      }
+      return absl::UnavailableError(errors);
+    }
     std::string host, port;
     SplitAddress(address, &host, &port);
     addrinfo hints{};
@@ -309,10 +323,14 @@ absl::Status Sync(Conn& c) {
 
 absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
     const TcpStoreClientOptions& options) {
-  std::string host, port;
-  if (!SplitAddress(options.address, &host, &port)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TCPStore address must be HOST:PORT, got '", options.address, "'"));
+  for (absl::string_view one : absl::StrSplit(options.address, ',')) {
+    std::string host, port;
+    if (!SplitAddress(std::string(one), &host, &port)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TCPStore address must be HOST:PORT (or several, comma-separated), "
+          "got '",
+          options.address, "'"));
+    }
   }
   if (options.connect_timeout <= absl::ZeroDuration() ||
       options.reply_timeout <= absl::ZeroDuration() ||

@@ -59,7 +59,9 @@ enum class TcpStoreDialect {
 };
 
 struct TcpStoreClientOptions {
-  // HOST:PORT of the server: an IPv4 address, [IPv6] or a host name.
+  // HOST:PORT of the server: an IPv4 address, [IPv6] or a host name; or
+  // several, comma-separated (cohortd replicas), tried in turn at each
+  // (re)connection.
   std::string address;
   TcpStoreDialect dialect = TcpStoreDialect::kTorch21;
   // How long to keep trying to (re)connect, with exponential backoff and

@@ -194,6 +194,29 @@ TEST_F(TorchServerTest, SetGetAddAndCounters) {
   EXPECT_EQ(store->Get("n", absl::Seconds(5)).value_or("?"), "-3");
 }
 
+TEST_F(TorchServerTest, SeveralAddressesAreTriedInTurn) {
+  // The first refuses (a port nobody listens on): the client goes on with
+  // the second, as it does when a cohortd replica is down.
+  int closed = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(closed, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(closed, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int dead_port = ntohs(addr.sin_port);
+  close(closed);
+  TcpStoreClientOptions options;
+  options.address =
+      absl::StrCat("127.0.0.1:", dead_port, ",127.0.0.1:", port_);
+  options.dialect = TcpStoreDialect::kTorch113;
+  options.connect_timeout = absl::Seconds(10);
+  auto store = TcpStoreClient::Connect(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Set("replicas", "yes").ok());
+  EXPECT_EQ((*store)->Get("replicas", absl::Seconds(5)).value_or("?"), "yes");
+}
+
 TEST_F(TorchServerTest, CompareSetFollowsC10dRules) {
   auto store = Client();
   ASSERT_NE(store, nullptr);
@@ -487,6 +510,9 @@ TEST(TcpStoreClientTest, BadOptions) {
   EXPECT_EQ(TcpStoreClient::Connect(options).status().code(),
             absl::StatusCode::kInvalidArgument);
   options.address = "[::1]:";
+  EXPECT_EQ(TcpStoreClient::Connect(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.address = "127.0.0.1:1,no-port";
   EXPECT_EQ(TcpStoreClient::Connect(options).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
