@@ -11,13 +11,17 @@
 #   - a get blocked on a replica that is killed reconnects to the other
 #     and is released by a write there;
 #   - a rendezvous in progress (one of two nodes joined) completes after
-#     the cohortd leader is killed, and the nodes' exit barrier passes.
+#     the cohortd leader is killed, and the nodes' exit barrier passes;
+#   - PyTorch's TCPStore client on one replica is woken by a write through
+#     the other (both protocols work on the etcd engine);
+#   - a watch resumes from a past revision on a replica started later.
 set -uo pipefail
 
 COHORTD=server/cohortd
 CTL=client/cohortctl
 RUN=worker/launch/cohortrun
 WRITER=tests/ha_writer
+PYTHON=/usr/bin/python3
 TRIALS=${HA_TRIALS:-20}
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
 failures=0
@@ -28,12 +32,13 @@ export ETCDCTL_API=3
 
 read -r -a ports <<<"$(python3 -c '
 import socket
-ss = [socket.socket() for _ in range(8)]
+ss = [socket.socket() for _ in range(10)]
 for s in ss: s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in ss))')"
 client_port=("${ports[0]}" "${ports[1]}" "${ports[2]}")
 peer_port=("${ports[3]}" "${ports[4]}" "${ports[5]}")
 replica_port=("${ports[6]}" "${ports[7]}")
+tcpstore_port=("${ports[8]}" "${ports[9]}")
 ENDPOINTS=127.0.0.1:${client_port[0]},127.0.0.1:${client_port[1]},127.0.0.1:${client_port[2]}
 CLUSTER=e0=http://127.0.0.1:${peer_port[0]},e1=http://127.0.0.1:${peer_port[1]},e2=http://127.0.0.1:${peer_port[2]}
 ADDRS=127.0.0.1:${replica_port[0]},127.0.0.1:${replica_port[1]}
@@ -58,7 +63,8 @@ start_etcd() {
 }
 start_cohortd() {
   local r=$1
-  "$COHORTD" --listen="127.0.0.1:${replica_port[$r]}" --tcpstore_listen= \
+  "$COHORTD" --listen="127.0.0.1:${replica_port[$r]}" \
+    --tcpstore_listen="127.0.0.1:${tcpstore_port[$r]}" \
     --engine=etcd --etcd_endpoints="$ENDPOINTS" --election_ttl=2s \
     >>"$TMP/c$r.log" 2>&1 &
   cohortd_pid[$r]=$!
@@ -159,6 +165,24 @@ wait $BLOCKED
   fail "the get blocked on the killed replica: $(cat "$TMP/blocked.out")"
 start_cohortd 0
 wait_leader >/dev/null || fail "no leader after restarting replica 0"
+
+# PyTorch's own TCPStore client on one replica's TCPStore listener sees
+# (and is woken by) what cohortctl writes through the other replica (torch
+# 1.13's client puts "/" before every key).
+"$PYTHON" -c "
+import datetime, threading, time, torch.distributed as dist
+s = dist.TCPStore('127.0.0.1', ${tcpstore_port[1]}, is_master=False,
+                  timeout=datetime.timedelta(seconds=30))
+s.set('ha/torch', 'from-torch')
+print(s.get('ha/from-ctl').decode())" >"$TMP/torch.out" 2>&1 &
+TORCH=$!
+sleep 2
+timeout 30 "$CTL" --addr="127.0.0.1:${replica_port[0]}" set /ha/from-ctl woken >/dev/null ||
+  fail "set through replica 0"
+wait $TORCH
+[[ "$(tail -1 "$TMP/torch.out")" == woken ]] ||
+  fail "torch's TCPStore get on replica 1, woken by a set on replica 0: $(cat "$TMP/torch.out")"
+[[ "$(ctl get /ha/torch)" == from-torch ]] || fail "torch's set, read through gRPC"
 
 # A watch resumes from a revision etcd holds on a replica that started
 # after it: the replica replays its history from etcd.
