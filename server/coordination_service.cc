@@ -41,15 +41,15 @@ class Forwarded final : public grpc::ServerUnaryReactor {
 // the call on to the leader with `pass_on(forwarded, done)` (*reactor is
 // then what the handler returns), or after finishing it UNAVAILABLE.
 template <typename PassOn>
-std::optional<Coordination> LeaderOrPassOn(
-    const CoordinationSlot& slot, grpc::CallbackServerContext* ctx,
-    grpc::ServerUnaryReactor** reactor, PassOn pass_on) {
+std::optional<Coordination> LeaderOrPassOn(const CoordinationSlot& slot,
+                                           grpc::CallbackServerContext* ctx,
+                                           grpc::ServerUnaryReactor** reactor,
+                                           PassOn pass_on) {
   absl::StatusOr<Coordination> coordination = slot.Get();
   if (coordination.ok()) return *std::move(coordination);
   std::shared_ptr<const LeaderStubs> stubs = slot.leader_stubs();
-  const bool forwarded =
-      ctx->client_metadata().find(kForwardedMetadata) !=
-      ctx->client_metadata().end();
+  const bool forwarded = ctx->client_metadata().find(kForwardedMetadata) !=
+                         ctx->client_metadata().end();
   if (stubs == nullptr || forwarded) {
     *reactor = FinishNow(ctx, coordination.status());
     return std::nullopt;
@@ -60,22 +60,36 @@ std::optional<Coordination> LeaderOrPassOn(
   return std::nullopt;
 }
 
+// The prologue of every call on the state machines: the token must cover
+// `name`; then the state machines, or, on a follower, the call passed on
+// (see LeaderOrPassOn).
+template <typename PassOn>
+std::optional<Coordination> Begin(Authenticator* auth,
+                                  const CoordinationSlot& slot,
+                                  grpc::CallbackServerContext* ctx,
+                                  absl::string_view what,
+                                  const std::string& name, Access access,
+                                  grpc::ServerUnaryReactor** reactor,
+                                  PassOn pass_on) {
+  if (absl::Status s = AuthorizeCall(auth, *ctx, what, name, access); !s.ok()) {
+    *reactor = FinishNow(ctx, s);
+    return std::nullopt;
+  }
+  return LeaderOrPassOn(slot, ctx, reactor, std::move(pass_on));
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* RendezvousService::Join(
     grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
     v1::JoinResponse* resp) {
-  if (absl::Status s =
-          AuthorizeCall(auth_, *ctx, "run", req->run_id(), Access::kWrite);
-      !s.ok()) {
-    return FinishNow(ctx, s);
-  }
   grpc::ServerUnaryReactor* passed_on = nullptr;
-  std::optional<Coordination> coordination = LeaderOrPassOn(
-      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
-        call->stubs().rendezvous->async()->Join(call->client(), req, resp,
-                                               std::move(done));
-      });
+  std::optional<Coordination> coordination =
+      Begin(auth_, *slot_, ctx, "run", req->run_id(), Access::kWrite,
+            &passed_on, [req, resp](Forwarded* call, auto done) {
+              call->stubs().rendezvous->async()->Join(call->client(), req, resp,
+                                                      std::move(done));
+            });
   if (!coordination.has_value()) return passed_on;
   auto* reactor = new PendingUnary();
   PendingUnary::Handle handle = reactor->handle();
@@ -95,17 +109,13 @@ grpc::ServerUnaryReactor* RendezvousService::Join(
 grpc::ServerUnaryReactor* RendezvousService::GetRunState(
     grpc::CallbackServerContext* ctx, const v1::GetRunStateRequest* req,
     v1::RunState* resp) {
-  if (absl::Status s =
-          AuthorizeCall(auth_, *ctx, "run", req->run_id(), Access::kRead);
-      !s.ok()) {
-    return FinishNow(ctx, s);
-  }
   grpc::ServerUnaryReactor* passed_on = nullptr;
-  std::optional<Coordination> coordination = LeaderOrPassOn(
-      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
-        call->stubs().rendezvous->async()->GetRunState(call->client(), req, resp,
-                                               std::move(done));
-      });
+  std::optional<Coordination> coordination =
+      Begin(auth_, *slot_, ctx, "run", req->run_id(), Access::kRead, &passed_on,
+            [req, resp](Forwarded* call, auto done) {
+              call->stubs().rendezvous->async()->GetRunState(
+                  call->client(), req, resp, std::move(done));
+            });
   if (!coordination.has_value()) return passed_on;
   absl::StatusOr<v1::RunState> state =
       coordination->rendezvous->GetRunState(req->run_id());
@@ -116,17 +126,13 @@ grpc::ServerUnaryReactor* RendezvousService::GetRunState(
 grpc::ServerUnaryReactor* RendezvousService::CloseRun(
     grpc::CallbackServerContext* ctx, const v1::CloseRunRequest* req,
     v1::CloseRunResponse* resp) {
-  if (absl::Status s =
-          AuthorizeCall(auth_, *ctx, "run", req->run_id(), Access::kWrite);
-      !s.ok()) {
-    return FinishNow(ctx, s);
-  }
   grpc::ServerUnaryReactor* passed_on = nullptr;
-  std::optional<Coordination> coordination = LeaderOrPassOn(
-      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
-        call->stubs().rendezvous->async()->CloseRun(call->client(), req, resp,
-                                               std::move(done));
-      });
+  std::optional<Coordination> coordination =
+      Begin(auth_, *slot_, ctx, "run", req->run_id(), Access::kWrite,
+            &passed_on, [req, resp](Forwarded* call, auto done) {
+              call->stubs().rendezvous->async()->CloseRun(
+                  call->client(), req, resp, std::move(done));
+            });
   if (!coordination.has_value()) return passed_on;
   return FinishNow(ctx, coordination->rendezvous->CloseRun(req->run_id()));
 }
@@ -134,17 +140,13 @@ grpc::ServerUnaryReactor* RendezvousService::CloseRun(
 grpc::ServerUnaryReactor* RendezvousService::ListParticipants(
     grpc::CallbackServerContext* ctx, const v1::ListParticipantsRequest* req,
     v1::ListParticipantsResponse* resp) {
-  if (absl::Status s =
-          AuthorizeCall(auth_, *ctx, "run", req->run_id(), Access::kRead);
-      !s.ok()) {
-    return FinishNow(ctx, s);
-  }
   grpc::ServerUnaryReactor* passed_on = nullptr;
-  std::optional<Coordination> coordination = LeaderOrPassOn(
-      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
-        call->stubs().rendezvous->async()->ListParticipants(call->client(), req, resp,
-                                               std::move(done));
-      });
+  std::optional<Coordination> coordination =
+      Begin(auth_, *slot_, ctx, "run", req->run_id(), Access::kRead, &passed_on,
+            [req, resp](Forwarded* call, auto done) {
+              call->stubs().rendezvous->async()->ListParticipants(
+                  call->client(), req, resp, std::move(done));
+            });
   if (!coordination.has_value()) return passed_on;
   absl::StatusOr<v1::ListParticipantsResponse> r =
       coordination->rendezvous->ListParticipants(*req);
@@ -155,17 +157,13 @@ grpc::ServerUnaryReactor* RendezvousService::ListParticipants(
 grpc::ServerUnaryReactor* MembershipService::JoinGroup(
     grpc::CallbackServerContext* ctx, const v1::JoinGroupRequest* req,
     v1::JoinGroupResponse* resp) {
-  if (absl::Status s =
-          AuthorizeCall(auth_, *ctx, "group", req->group(), Access::kWrite);
-      !s.ok()) {
-    return FinishNow(ctx, s);
-  }
   grpc::ServerUnaryReactor* passed_on = nullptr;
-  std::optional<Coordination> coordination = LeaderOrPassOn(
-      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
-        call->stubs().membership->async()->JoinGroup(call->client(), req, resp,
-                                               std::move(done));
-      });
+  std::optional<Coordination> coordination =
+      Begin(auth_, *slot_, ctx, "group", req->group(), Access::kWrite,
+            &passed_on, [req, resp](Forwarded* call, auto done) {
+              call->stubs().membership->async()->JoinGroup(
+                  call->client(), req, resp, std::move(done));
+            });
   if (!coordination.has_value()) return passed_on;
   absl::StatusOr<v1::JoinGroupResponse> r =
       coordination->membership->Join(*req);
@@ -176,17 +174,13 @@ grpc::ServerUnaryReactor* MembershipService::JoinGroup(
 grpc::ServerUnaryReactor* MembershipService::Heartbeat(
     grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
     v1::HeartbeatResponse* resp) {
-  if (absl::Status s =
-          AuthorizeCall(auth_, *ctx, "group", req->group(), Access::kWrite);
-      !s.ok()) {
-    return FinishNow(ctx, s);
-  }
   grpc::ServerUnaryReactor* passed_on = nullptr;
-  std::optional<Coordination> coordination = LeaderOrPassOn(
-      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
-        call->stubs().membership->async()->Heartbeat(call->client(), req, resp,
-                                               std::move(done));
-      });
+  std::optional<Coordination> coordination =
+      Begin(auth_, *slot_, ctx, "group", req->group(), Access::kWrite,
+            &passed_on, [req, resp](Forwarded* call, auto done) {
+              call->stubs().membership->async()->Heartbeat(
+                  call->client(), req, resp, std::move(done));
+            });
   if (!coordination.has_value()) return passed_on;
   return FinishNow(ctx, coordination->membership->Heartbeat(*req));
 }
@@ -194,17 +188,13 @@ grpc::ServerUnaryReactor* MembershipService::Heartbeat(
 grpc::ServerUnaryReactor* MembershipService::LeaveGroup(
     grpc::CallbackServerContext* ctx, const v1::LeaveGroupRequest* req,
     v1::LeaveGroupResponse* resp) {
-  if (absl::Status s =
-          AuthorizeCall(auth_, *ctx, "group", req->group(), Access::kWrite);
-      !s.ok()) {
-    return FinishNow(ctx, s);
-  }
   grpc::ServerUnaryReactor* passed_on = nullptr;
-  std::optional<Coordination> coordination = LeaderOrPassOn(
-      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
-        call->stubs().membership->async()->LeaveGroup(call->client(), req, resp,
-                                               std::move(done));
-      });
+  std::optional<Coordination> coordination =
+      Begin(auth_, *slot_, ctx, "group", req->group(), Access::kWrite,
+            &passed_on, [req, resp](Forwarded* call, auto done) {
+              call->stubs().membership->async()->LeaveGroup(
+                  call->client(), req, resp, std::move(done));
+            });
   if (!coordination.has_value()) return passed_on;
   return FinishNow(ctx, coordination->membership->Leave(*req));
 }
@@ -212,17 +202,13 @@ grpc::ServerUnaryReactor* MembershipService::LeaveGroup(
 grpc::ServerUnaryReactor* MembershipService::ReportError(
     grpc::CallbackServerContext* ctx, const v1::ReportErrorRequest* req,
     v1::ReportErrorResponse* resp) {
-  if (absl::Status s =
-          AuthorizeCall(auth_, *ctx, "group", req->group(), Access::kWrite);
-      !s.ok()) {
-    return FinishNow(ctx, s);
-  }
   grpc::ServerUnaryReactor* passed_on = nullptr;
-  std::optional<Coordination> coordination = LeaderOrPassOn(
-      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
-        call->stubs().membership->async()->ReportError(call->client(), req, resp,
-                                               std::move(done));
-      });
+  std::optional<Coordination> coordination =
+      Begin(auth_, *slot_, ctx, "group", req->group(), Access::kWrite,
+            &passed_on, [req, resp](Forwarded* call, auto done) {
+              call->stubs().membership->async()->ReportError(
+                  call->client(), req, resp, std::move(done));
+            });
   if (!coordination.has_value()) return passed_on;
   return FinishNow(ctx, coordination->membership->ReportError(*req));
 }
@@ -230,17 +216,13 @@ grpc::ServerUnaryReactor* MembershipService::ReportError(
 grpc::ServerUnaryReactor* MembershipService::ListMembers(
     grpc::CallbackServerContext* ctx, const v1::ListMembersRequest* req,
     v1::ListMembersResponse* resp) {
-  if (absl::Status s =
-          AuthorizeCall(auth_, *ctx, "group", req->group(), Access::kRead);
-      !s.ok()) {
-    return FinishNow(ctx, s);
-  }
   grpc::ServerUnaryReactor* passed_on = nullptr;
-  std::optional<Coordination> coordination = LeaderOrPassOn(
-      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
-        call->stubs().membership->async()->ListMembers(call->client(), req, resp,
-                                               std::move(done));
-      });
+  std::optional<Coordination> coordination =
+      Begin(auth_, *slot_, ctx, "group", req->group(), Access::kRead,
+            &passed_on, [req, resp](Forwarded* call, auto done) {
+              call->stubs().membership->async()->ListMembers(
+                  call->client(), req, resp, std::move(done));
+            });
   if (!coordination.has_value()) return passed_on;
   absl::StatusOr<v1::ListMembersResponse> r =
       coordination->membership->List(*req);
@@ -277,17 +259,13 @@ MembershipService::WatchMembers(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* MembershipService::Barrier(
     grpc::CallbackServerContext* ctx, const v1::BarrierRequest* req,
     v1::BarrierResponse* resp) {
-  if (absl::Status s =
-          AuthorizeCall(auth_, *ctx, "group", req->group(), Access::kWrite);
-      !s.ok()) {
-    return FinishNow(ctx, s);
-  }
   grpc::ServerUnaryReactor* passed_on = nullptr;
-  std::optional<Coordination> coordination = LeaderOrPassOn(
-      *slot_, ctx, &passed_on, [req, resp](Forwarded* call, auto done) {
-        call->stubs().membership->async()->Barrier(call->client(), req, resp,
-                                               std::move(done));
-      });
+  std::optional<Coordination> coordination =
+      Begin(auth_, *slot_, ctx, "group", req->group(), Access::kWrite,
+            &passed_on, [req, resp](Forwarded* call, auto done) {
+              call->stubs().membership->async()->Barrier(call->client(), req,
+                                                         resp, std::move(done));
+            });
   if (!coordination.has_value()) return passed_on;
   auto* reactor = new PendingUnary();
   PendingUnary::Handle handle = reactor->handle();
