@@ -69,10 +69,24 @@ struct FakeClique {
 
 class FakeNcclWorld {
  public:
+  // A clique and its members point at each other: the world, which every
+  // communicator's test outlives, breaks those cycles at the end.
+  ~FakeNcclWorld() {
+    absl::MutexLock lock(&mu);
+    for (const std::weak_ptr<FakeClique>& weak : all) {
+      if (std::shared_ptr<FakeClique> clique = weak.lock()) {
+        clique->members.clear();
+        clique->splits.clear();
+      }
+    }
+  }
+
   absl::Mutex mu;
   int next_id ABSL_GUARDED_BY(mu) = 0;
   std::map<std::string, std::shared_ptr<FakeClique>> cliques
       ABSL_GUARDED_BY(mu);
+  // Every clique made, split ones included.
+  std::vector<std::weak_ptr<FakeClique>> all ABSL_GUARDED_BY(mu);
 };
 
 std::shared_ptr<FakeNcclWorld> NewFakeNcclWorld() {
@@ -243,6 +257,7 @@ class FakeCommunicator final : public NcclCommunicator {
       for (auto& [c, members] : colors) {
         std::sort(members.begin(), members.end());
         auto made = std::make_shared<FakeClique>(members.size());
+        world_->all.push_back(made);
         made->joined = static_cast<int>(members.size());
         for (size_t i = 0; i < members.size(); ++i) {
           FakeCommState* member = std::get<2>(members[i]);
@@ -396,7 +411,10 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> FakeNcclApi::InitRank(
   state->rank = rank;
   absl::MutexLock lock(&world_->mu);
   std::shared_ptr<FakeClique>& clique = world_->cliques[key];
-  if (clique == nullptr) clique = std::make_shared<FakeClique>(nranks);
+  if (clique == nullptr) {
+    clique = std::make_shared<FakeClique>(nranks);
+    world_->all.push_back(clique);
+  }
   if (clique->nranks != nranks || clique->members[rank] != nullptr) {
     return absl::InternalError(absl::StrCat(
         "fake NCCL: rank ", rank, " of ", nranks,
