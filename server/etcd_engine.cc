@@ -4,13 +4,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
 #include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -83,38 +81,18 @@ class EtcdEngine final : public KvEngine {
 
   absl::string_view name() const override { return "etcd"; }
 
+  // The view is store/'s in-memory engine, plus each key's modification
+  // revision for the guards.
   absl::StatusOr<std::optional<std::string>> Get(
       absl::string_view key) const override {
-    auto it = data_.find(key);
-    if (it == data_.end()) return std::optional<std::string>();
-    return std::optional<std::string>(it->second.value);
+    return view_->Get(key);
   }
-
   bool Contains(absl::string_view key) const override {
-    return data_.find(key) != data_.end();
+    return view_->Contains(key);
   }
-
   std::unique_ptr<PreparedRead> PrepareRead(
       std::vector<std::string> keys) const override {
-    // The view is in memory: copy the values now.
-    class Copied final : public PreparedRead {
-     public:
-      explicit Copied(std::vector<std::string> values)
-          : values_(std::move(values)) {}
-      absl::StatusOr<std::vector<std::string>> Read() override {
-        return std::move(values_);
-      }
-
-     private:
-      std::vector<std::string> values_;
-    };
-    std::vector<std::string> values;
-    values.reserve(keys.size());
-    for (const std::string& key : keys) {
-      auto it = data_.find(key);
-      values.push_back(it == data_.end() ? std::string() : it->second.value);
-    }
-    return std::make_unique<Copied>(std::move(values));
+    return view_->PrepareRead(std::move(keys));
   }
 
   // Called by KvStore, under its lock, with the feed's changes: updates
@@ -123,39 +101,24 @@ class EtcdEngine final : public KvEngine {
                      int64_t revision) override {
     for (const Mutation& m : mutations) {
       if (m.kind == Mutation::Kind::kPut) {
-        data_[m.key] = Entry{m.value, revision};
+        mod_revisions_.insert_or_assign(m.key, revision);
       } else {
-        data_.erase(m.key);
+        mod_revisions_.erase(m.key);
       }
     }
     revision_ = std::max(revision_, revision);
-    return absl::OkStatus();
+    return view_->Apply(mutations, revision_);
   }
 
   int64_t revision() const override { return revision_; }
-  int64_t NumKeys() const override { return data_.size(); }
-
+  int64_t NumKeys() const override { return view_->NumKeys(); }
   absl::StatusOr<int64_t> CountKeys(absl::string_view prefix) const override {
-    int64_t n = 0;
-    for (auto it = data_.lower_bound(prefix);
-         it != data_.end() && absl::StartsWith(it->first, prefix); ++it) {
-      ++n;
-    }
-    return n;
+    return view_->CountKeys(prefix);
   }
-
   absl::StatusOr<std::vector<std::string>> ListKeys(
       absl::string_view prefix, absl::string_view start_after,
       size_t limit) const override {
-    std::vector<std::string> keys;
-    auto it = start_after.empty() ? data_.lower_bound(prefix)
-                                  : data_.upper_bound(start_after);
-    for (; it != data_.end() && keys.size() < limit &&
-           absl::StartsWith(it->first, prefix);
-         ++it) {
-      keys.push_back(it->first);
-    }
-    return keys;
+    return view_->ListKeys(prefix, start_after, limit);
   }
 
   absl::Status Flush() override { return absl::OkStatus(); }
@@ -179,8 +142,8 @@ class EtcdEngine final : public KvEngine {
   bool shared() const override { return true; }
 
   int64_t ModRevision(absl::string_view key) const override {
-    auto it = data_.find(key);
-    return it == data_.end() ? 0 : it->second.mod_revision;
+    auto it = mod_revisions_.find(key);
+    return it == mod_revisions_.end() ? 0 : it->second;
   }
 
   absl::StatusOr<int64_t> ApplyGuarded(
@@ -269,10 +232,6 @@ class EtcdEngine final : public KvEngine {
   }
 
  private:
-  struct Entry {
-    std::string value;
-    int64_t mod_revision = 0;
-  };
   struct Member {
     std::string endpoint;
     std::shared_ptr<grpc::Channel> channel;
@@ -307,7 +266,8 @@ class EtcdEngine final : public KvEngine {
   }
 
   absl::Status LoadOnce() {
-    data_.clear();
+    view_ = store::NewMemoryEngine();
+    mod_revisions_.clear();
     last_write_ = 0;
     int64_t at = 0;
     std::string from = options_.prefix;
@@ -326,12 +286,15 @@ class EtcdEngine final : public KvEngine {
       if (!s.ok()) return FromGrpc(s, "loading the keys");
       if (at == 0) at = resp.header().revision();
       for (const mvccpb::KeyValue& kv : resp.kvs()) {
-        std::string key = kv.key().substr(options_.prefix.size());
-        if (key == kLastWrite) {
+        Mutation m;
+        m.key = kv.key().substr(options_.prefix.size());
+        if (m.key == kLastWrite) {
           last_write_ = kv.mod_revision();
           continue;
         }
-        data_[std::move(key)] = Entry{kv.value(), kv.mod_revision()};
+        m.value = kv.value();
+        mod_revisions_.insert_or_assign(m.key, kv.mod_revision());
+        if (absl::Status s = view_->Apply({&m, 1}, at); !s.ok()) return s;
       }
       if (!resp.more() || resp.kvs().empty()) break;
       from = resp.kvs(resp.kvs_size() - 1).key() + '\0';
@@ -342,7 +305,7 @@ class EtcdEngine final : public KvEngine {
     // cohortd before the load (none: nothing to replay).
     replay_until_ = last_write_ >= next_revision_ ? last_write_ : 0;
     loaded_ = at;
-    Log(absl::StrCat("etcd: loaded ", data_.size(), " keys under ",
+    Log(absl::StrCat("etcd: loaded ", view_->NumKeys(), " keys under ",
                      options_.prefix, " at revision ", at));
     return absl::OkStatus();
   }
@@ -482,7 +445,8 @@ class EtcdEngine final : public KvEngine {
   std::atomic<size_t> current_{0};
 
   // The view: read and written under KvStore's lock (Load runs before).
-  std::map<std::string, Entry, std::less<>> data_;
+  std::unique_ptr<KvEngine> view_ = store::NewMemoryEngine();
+  absl::flat_hash_map<std::string, int64_t> mod_revisions_;
   int64_t revision_ = 0;
 
   // The feed thread's.
