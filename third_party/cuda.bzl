@@ -3,7 +3,8 @@
 # libraries are found: nothing is downloaded or vendored.
 #
 # The repository it creates (@cuda) always has:
-#   defs.bzl    CUDA_FOUND (bool), CUDA_PATH (the toolkit looked at) and
+#   defs.bzl    CUDA_FOUND (bool), CUDA_PATH (the toolkit looked at),
+#               NVCC (its compiler, for the backend's kernels) and
 #               CUDA_MISSING (why it was not used; "" when found)
 #   //:cuda     headers (cuda_runtime.h, nccl.h) and the link flags for
 #               libnccl and libcudart with an rpath to them, when found;
@@ -15,7 +16,7 @@
 # builds and tests everything else and says what it skipped.
 #
 # The toolkit is $COHORT_CUDA_PATH, else /usr/local/cuda. It is used when
-# include/cuda_runtime.h, include/nccl.h, lib64/libcudart.so and
+# bin/nvcc, include/cuda_runtime.h, include/nccl.h, lib64/libcudart.so and
 # lib64/libnccl.so all exist (nccl.h may instead sit in /usr/include and
 # libnccl.so in /usr/lib/x86_64-linux-gnu, as Debian's libnccl-dev puts
 # them). Bazel re-runs the rule when COHORT_CUDA_PATH changes; after
@@ -41,7 +42,10 @@ def _cuda_configure_impl(ctx):
         root + "/lib64/libnccl.so",
         "/usr/lib/x86_64-linux-gnu/libnccl.so",
     ])
+    nvcc = _first_existing(ctx, [root + "/bin/nvcc"])
     missing = []
+    if not nvcc:
+        missing.append(root + "/bin/nvcc")
     if not runtime_h:
         missing.append(root + "/include/cuda_runtime.h")
     if not nccl_h:
@@ -56,6 +60,7 @@ def _cuda_configure_impl(ctx):
         ctx.file("defs.bzl", "\n".join([
             "CUDA_FOUND = False",
             "CUDA_PATH = %r" % root,
+            "NVCC = \"\"",
             "CUDA_MISSING = %r" % why,
             "",
         ]))
@@ -98,6 +103,7 @@ def _cuda_configure_impl(ctx):
     ctx.file("defs.bzl", "\n".join([
         "CUDA_FOUND = True",
         "CUDA_PATH = %r" % root,
+        "NVCC = %r" % nvcc,
         "CUDA_MISSING = \"\"",
         "",
     ]))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The NCCL backend on a machine with GPUs (worker/collective/nccl/README.md):
 #  1. builds it and runs its tests, the GPU ones included (nccl_gpu_test runs
-#     every op on every visible GPU; on a machine without one it skips);
+#     every op and kernel on every visible GPU, device_buffers_gpu_test DDP
+#     and FSDP on device buffers; on a machine without one they skip);
 #  2. runs bench/nccl_bench under cohortrun, one process per visible GPU,
 #     against a local cohortd: all_reduce, all_gather, reduce_scatter and
 #     broadcast from 8 B to 1 GiB, in nccl-tests' columns (algbw, busbw).
@@ -47,7 +48,8 @@ nvidia-smi -L | head -n "$gpus"
 
 bazel build //worker/collective/nccl/... //bench:nccl_bench //server:cohortd \
   //worker/launch:cohortrun
-bazel test --test_output=all --nocache_test_results //worker/collective/nccl/...
+bazel test --test_output=all --nocache_test_results //worker/collective/nccl/... \
+  //worker/parallel:device_buffers_gpu_test //worker/parallel:device_buffers_test
 
 bin=$(bazel info bazel-bin 2>/dev/null)
 tmp=$(mktemp -d)

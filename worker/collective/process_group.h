@@ -37,6 +37,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "worker/collective/dtype.h"
+#include "worker/collective/elementwise.h"
 
 namespace cohort {
 
@@ -130,6 +131,16 @@ class DeviceMemory {
   virtual absl::Status CopyOnDevice(void* dst, const void* src,
                                     size_t bytes) = 0;
   virtual absl::Status Zero(void* data, size_t bytes) = 0;
+
+  // The arithmetic DDP and FSDP run on their buffers without bringing them
+  // to the host (kernels on the group's stream, in order like the copies):
+  // dst[i] += src[i] over `count` f32;
+  virtual absl::Status AddF32(float* dst, const float* src, size_t count) = 0;
+  // dst[i] = src[i] * scale, converted between f32, f16 and bf16 (rounding
+  // to nearest even); equal counts, INVALID_ARGUMENT for other dtypes;
+  virtual absl::Status Convert(BufferView dst, BufferView src, float scale) = 0;
+  // one optimizer step (elementwise.h) on buffers in this memory.
+  virtual absl::Status Update(const ElementwiseUpdate& update) = 0;
 };
 
 class ProcessGroup {

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "worker/collective/reduce.h"
+#include "worker/parallel/group_memory.h"
 
 namespace cohort {
 namespace {
@@ -21,9 +21,13 @@ namespace {
 class BuiltinHook : public CommHook {
  public:
   virtual size_t wire_bytes_per_element() const = 0;
-  // Sizes the per-bucket scratch for a (new) layout, so that grad_bytes()
-  // reports the steady-state footprint from Create() on.
-  virtual void PrepareScratch(absl::Span<const size_t> bucket_elements) {}
+  // Sizes the per-bucket scratch for a (new) layout, in the memory of the
+  // Reducer's buckets, so that grad_bytes() reports the steady-state
+  // footprint from Create() on.
+  virtual absl::Status PrepareScratch(
+      GroupMemory& memory, absl::Span<const size_t> bucket_elements) {
+    return absl::OkStatus();
+  }
   virtual size_t scratch_bytes() const { return 0; }
 };
 
@@ -39,10 +43,11 @@ class AllReduceHookImpl : public BuiltinHook {
 
 // Narrows each bucket (pre-divided by the world size so the sum cannot
 // overflow where the average would not) into a 16-bit copy that is reduced
-// with SUM, then widens the result back into the bucket. The scratch is kept
-// across iterations: reallocating a bucket-sized buffer every step would
-// cost as much as the cast. One instance serves one Reducer at a time,
-// because the scratch is indexed by bucket.
+// with SUM, then widens the result back into the bucket: on a device group
+// both casts are kernels on the group's stream. The scratch is kept across
+// iterations, in the buckets' memory: reallocating a bucket-sized buffer
+// every step would cost as much as the cast. One instance serves one
+// Reducer at a time, because the scratch is indexed by bucket.
 class CompressHook : public BuiltinHook {
  public:
   explicit CompressHook(Dtype dtype) : dtype_(dtype) {}
@@ -64,60 +69,69 @@ class CompressHook : public BuiltinHook {
       return Work::Done(absl::InvalidArgumentError(
           absl::StrCat(name(), " hook: negative bucket index ", bucket)));
     }
+    if (memory_ == nullptr || memory_->device() != group.device_memory()) {
+      // A hook used outside a Reducer, or moved to another group.
+      memory_ = std::make_unique<GroupMemory>(group.device_memory());
+    }
     if (scratch_.size() <= static_cast<size_t>(bucket)) {
       scratch_.resize(bucket + 1);
     }
-    std::vector<uint16_t>& scratch = scratch_[bucket];
-    scratch.resize(grads.count);
-    // Scale through a small stack buffer rather than in place, so that the
-    // bucket still holds this rank's gradients if the collective fails.
-    const float scale = 1.0f / static_cast<float>(group.size());
-    const float* src = static_cast<const float*>(grads.data);
-    constexpr size_t kBlock = 1024;
-    float block[kBlock];
-    for (size_t start = 0; start < grads.count; start += kBlock) {
-      const size_t n = std::min(kBlock, grads.count - start);
-      for (size_t i = 0; i < n; ++i) block[i] = src[start + i] * scale;
-      NarrowFromF32(dtype_, block, scratch.data() + start, n);
+    GroupBuffer& scratch = scratch_[bucket];
+    if (scratch.bytes() != grads.count * sizeof(uint16_t)) {
+      absl::StatusOr<GroupBuffer> fresh =
+          memory_->Allocate(grads.count * sizeof(uint16_t));
+      if (!fresh.ok()) return Work::Done(fresh.status());
+      scratch = std::move(*fresh);
     }
-    return group.AllReduce(BufferView{scratch.data(), scratch.size(), dtype_},
-                           ReduceOp::kSum);
+    const BufferView narrow{scratch.data(), grads.count, dtype_};
+    // Scaled into the scratch, so that the bucket still holds this rank's
+    // gradients if the collective fails.
+    absl::Status cast = memory_->Convert(
+        narrow, grads, 1.0f / static_cast<float>(group.size()));
+    if (!cast.ok()) return Work::Done(cast);
+    return group.AllReduce(narrow, ReduceOp::kSum);
   }
 
   absl::Status Finalize(int bucket, BufferView grads) override {
     if (bucket < 0 || static_cast<size_t>(bucket) >= scratch_.size() ||
-        scratch_[bucket].size() != grads.count) {
+        scratch_[bucket].bytes() != grads.count * sizeof(uint16_t) ||
+        memory_ == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           name(), " hook: Finalize for bucket ", bucket,
           " without a matching Launch of ", grads.count, " elements"));
     }
-    WidenToF32(dtype_, scratch_[bucket].data(), static_cast<float*>(grads.data),
-               grads.count);
-    return absl::OkStatus();
+    return memory_->Convert(
+        grads, BufferView{scratch_[bucket].data(), grads.count, dtype_}, 1.0f);
   }
 
   size_t wire_bytes_per_element() const override { return sizeof(uint16_t); }
 
-  void PrepareScratch(absl::Span<const size_t> bucket_elements) override {
-    // Swap with fresh vectors so a rebuild's smaller layout frees memory.
-    std::vector<std::vector<uint16_t>> scratch(bucket_elements.size());
+  absl::Status PrepareScratch(
+      GroupMemory& memory, absl::Span<const size_t> bucket_elements) override {
+    memory_ = std::make_unique<GroupMemory>(memory.device());
+    // Freed first, so that a rebuild holds one layout's scratch at a time.
+    scratch_.clear();
+    std::vector<GroupBuffer> scratch(bucket_elements.size());
     for (size_t b = 0; b < bucket_elements.size(); ++b) {
-      scratch[b].resize(bucket_elements[b]);
+      absl::StatusOr<GroupBuffer> buffer =
+          memory_->Allocate(bucket_elements[b] * sizeof(uint16_t));
+      if (!buffer.ok()) return buffer.status();
+      scratch[b] = std::move(*buffer);
     }
     scratch_.swap(scratch);
+    return absl::OkStatus();
   }
 
   size_t scratch_bytes() const override {
     size_t bytes = 0;
-    for (const std::vector<uint16_t>& s : scratch_) {
-      bytes += s.capacity() * sizeof(uint16_t);
-    }
+    for (const GroupBuffer& s : scratch_) bytes += s.bytes();
     return bytes;
   }
 
  private:
   const Dtype dtype_;
-  std::vector<std::vector<uint16_t>> scratch_;
+  std::unique_ptr<GroupMemory> memory_;  // The buckets' memory.
+  std::vector<GroupBuffer> scratch_;
 };
 
 // "3, 5" or "3, 5, 7, ... (12 in all)": names enough parameters to act on
@@ -154,11 +168,14 @@ struct Reducer::State {
   std::shared_ptr<CommHook> hook;
   BuiltinHook* builtin = nullptr;  // `hook` when it is one of ours.
 
+  // Where the buckets live: host memory, or the group's device memory.
+  std::unique_ptr<GroupMemory> memory;
+
   // Layout.
   std::vector<Bucket> buckets;
-  std::vector<std::vector<float>> storage;  // One per bucket.
-  std::vector<int> bucket_of;               // Per parameter.
-  std::vector<size_t> offset_of;            // Per parameter, in its bucket.
+  std::vector<GroupBuffer> storage;  // One per bucket, f32.
+  std::vector<int> bucket_of;        // Per parameter.
+  std::vector<size_t> offset_of;     // Per parameter, in its bucket.
 
   // The iteration in progress.
   bool started = false;  // Some MarkReady since the last Finish.
@@ -178,7 +195,7 @@ struct Reducer::State {
   // Packs `order` into buckets, closing each as soon as it holds at least
   // its limit (first bucket, then the cap; torch's rule, which never splits
   // a parameter), and allocates zeroed storage.
-  void BuildLayout(const std::vector<int>& order) {
+  absl::Status BuildLayout(const std::vector<int>& order) {
     buckets.clear();
     Bucket current;
     size_t current_bytes = 0;
@@ -197,20 +214,36 @@ struct Reducer::State {
     }
     if (!current.params.empty()) buckets.push_back(std::move(current));
 
-    storage.assign(buckets.size(), {});
+    storage.clear();
+    storage.resize(buckets.size());
     bucket_of.assign(param_sizes.size(), -1);
     offset_of.assign(param_sizes.size(), 0);
     std::vector<size_t> elements;
     for (size_t b = 0; b < buckets.size(); ++b) {
-      storage[b].assign(buckets[b].elements, 0.0f);
+      absl::StatusOr<GroupBuffer> buffer =
+          memory->AllocateFloats(buckets[b].elements);
+      if (!buffer.ok()) {
+        return absl::Status(
+            buffer.status().code(),
+            absl::StrCat("allocating gradient bucket ", b, " (",
+                         buckets[b].elements * sizeof(float),
+                         " bytes): ", buffer.status().message()));
+      }
+      storage[b] = std::move(*buffer);
       elements.push_back(buckets[b].elements);
       for (size_t k = 0; k < buckets[b].params.size(); ++k) {
         bucket_of[buckets[b].params[k]] = static_cast<int>(b);
         offset_of[buckets[b].params[k]] = buckets[b].offsets[k];
       }
     }
-    if (builtin != nullptr) builtin->PrepareScratch(elements);
+    if (builtin != nullptr) {
+      if (absl::Status s = builtin->PrepareScratch(*memory, elements);
+          !s.ok()) {
+        return s;
+      }
+    }
     ResetIteration();
+    return absl::OkStatus();
   }
 
   void ResetIteration() {
@@ -225,9 +258,7 @@ struct Reducer::State {
     works.assign(buckets.size(), nullptr);
   }
 
-  BufferView View(int b) {
-    return BufferView::Of(storage[b].data(), storage[b].size());
-  }
+  BufferView View(int b) { return storage[b].view(); }
 
   absl::Status Fail(absl::Status status) {
     if (failure.ok()) failure = status;
@@ -297,13 +328,34 @@ struct Reducer::State {
     return order;
   }
 
+  // Rank 0's `order` on every rank: broadcast in place, or on a device
+  // group through a device buffer (the order is metadata, a few bytes per
+  // parameter, once).
+  absl::Status BroadcastOrder(std::vector<int32_t>& order) {
+    const size_t bytes = order.size() * sizeof(int32_t);
+    bytes_communicated += WireBytes(Traffic::kBroadcast, bytes, group->size());
+    if (!memory->on_device()) {
+      return group->Broadcast(BufferView::Of(order.data(), order.size()), 0)
+          ->Wait(absl::InfiniteDuration());
+    }
+    absl::StatusOr<GroupBuffer> staged = memory->Allocate(bytes);
+    if (!staged.ok()) return staged.status();
+    if (absl::Status s = memory->FromHost(staged->data(), order.data(), bytes);
+        !s.ok()) {
+      return s;
+    }
+    absl::Status status =
+        group
+            ->Broadcast(BufferView{staged->data(), order.size(), Dtype::kI32},
+                        0)
+            ->Wait(absl::InfiniteDuration());
+    if (!status.ok()) return status;
+    return memory->ToHost(order.data(), staged->data(), bytes);
+  }
+
   absl::Status Rebuild(std::vector<int32_t> order) {
     const int n = static_cast<int>(param_sizes.size());
-    std::shared_ptr<Work> work =
-        group->Broadcast(BufferView::Of(order.data(), order.size()), 0);
-    bytes_communicated += WireBytes(
-        Traffic::kBroadcast, order.size() * sizeof(int32_t), group->size());
-    absl::Status status = work->Wait(absl::InfiniteDuration());
+    absl::Status status = BroadcastOrder(order);
     if (!status.ok()) return Fail(status);
     std::vector<bool> seen(n, false);
     for (size_t k = 0; k < order.size(); ++k) {
@@ -317,15 +369,17 @@ struct Reducer::State {
       seen[p] = true;
     }
 
-    std::vector<std::vector<float>> old_storage = std::move(storage);
+    std::vector<GroupBuffer> old_storage = std::move(storage);
     const std::vector<int> old_bucket_of = bucket_of;
     const std::vector<size_t> old_offset_of = offset_of;
-    BuildLayout(std::vector<int>(order.begin(), order.end()));
+    status = BuildLayout(std::vector<int>(order.begin(), order.end()));
+    if (!status.ok()) return Fail(status);
     for (int p = 0; p < n; ++p) {
       const float* src =
-          old_storage[old_bucket_of[p]].data() + old_offset_of[p];
-      std::memcpy(storage[bucket_of[p]].data() + offset_of[p], src,
-                  param_sizes[p] * sizeof(float));
+          old_storage[old_bucket_of[p]].floats() + old_offset_of[p];
+      status = memory->Copy(storage[bucket_of[p]].floats() + offset_of[p], src,
+                            param_sizes[p] * sizeof(float));
+      if (!status.ok()) return Fail(status);
     }
     rebuilt = true;
     return absl::OkStatus();
@@ -337,12 +391,6 @@ absl::StatusOr<std::unique_ptr<Reducer>> Reducer::Create(
     const ReducerOptions& options) {
   if (group == nullptr) {
     return absl::InvalidArgumentError("Reducer::Create: the group is null");
-  }
-  if (group->device_memory() != nullptr) {
-    return absl::FailedPreconditionError(
-        "Reducer::Create: the group's buffers are device memory (nccl), and "
-        "the Reducer's buckets are host memory: DDP on device buffers is not "
-        "supported yet (worker/collective/nccl/README.md)");
   }
   if (param_sizes.empty()) {
     return absl::InvalidArgumentError(
@@ -382,6 +430,7 @@ absl::StatusOr<std::unique_ptr<Reducer>> Reducer::Create(
   state->options = options;
   state->hook = options.hook != nullptr ? options.hook : AllReduceHook();
   state->builtin = dynamic_cast<BuiltinHook*>(state->hook.get());
+  state->memory = std::make_unique<GroupMemory>(state->group->device_memory());
   std::vector<int> order(state->param_sizes.size());
   for (size_t k = 0; k < order.size(); ++k) {
     order[k] = static_cast<int>(order.size() - 1 - k);
@@ -391,7 +440,10 @@ absl::StatusOr<std::unique_ptr<Reducer>> Reducer::Create(
       !same.ok()) {
     return same;
   }
-  state->BuildLayout(order);
+  if (absl::Status built = state->BuildLayout(order); !built.ok()) {
+    return absl::Status(built.code(),
+                        absl::StrCat("Reducer::Create: ", built.message()));
+  }
   return std::unique_ptr<Reducer>(new Reducer(std::move(state)));
 }
 
@@ -418,14 +470,21 @@ absl::Span<float> Reducer::grad(int param) {
                  param, num_params());
     std::abort();
   }
-  return absl::Span<float>(state_->storage[state_->bucket_of[param]].data() +
+  return absl::Span<float>(state_->storage[state_->bucket_of[param]].floats() +
                                state_->offset_of[param],
                            state_->param_sizes[param]);
 }
 
+bool Reducer::on_device() const { return state_->memory->on_device(); }
+
 void Reducer::ZeroGrad() {
-  for (std::vector<float>& bucket : state_->storage) {
-    std::fill(bucket.begin(), bucket.end(), 0.0f);
+  for (GroupBuffer& bucket : state_->storage) {
+    absl::Status zeroed = state_->memory->Zero(bucket.data(), bucket.bytes());
+    if (!zeroed.ok()) {
+      // No status to return: the next MarkReady or Finish reports it.
+      state_->Fail(zeroed).IgnoreError();
+      return;
+    }
   }
 }
 
@@ -527,9 +586,7 @@ uint64_t Reducer::bytes_communicated() const {
 
 size_t Reducer::grad_bytes() const {
   size_t bytes = 0;
-  for (const std::vector<float>& bucket : state_->storage) {
-    bytes += bucket.size() * sizeof(float);
-  }
+  for (const GroupBuffer& bucket : state_->storage) bytes += bucket.bytes();
   if (state_->builtin != nullptr) bytes += state_->builtin->scratch_bytes();
   return bytes;
 }
@@ -537,11 +594,6 @@ size_t Reducer::grad_bytes() const {
 absl::Status BroadcastFromRank0(ProcessGroup& group,
                                 absl::Span<const BufferView> tensors,
                                 size_t chunk_bytes) {
-  if (group.device_memory() != nullptr) {
-    return absl::FailedPreconditionError(
-        "BroadcastFromRank0: the group's buffers are device memory (nccl); "
-        "it packs tensors in host memory: broadcast each tensor instead");
-  }
   if (chunk_bytes == 0) {
     return absl::InvalidArgumentError(
         "BroadcastFromRank0: chunk_bytes must be positive");
@@ -555,31 +607,46 @@ absl::Status BroadcastFromRank0(ProcessGroup& group,
                        tensors[i].count, " elements but no data"));
     }
   }
+  // The tensors are in the group's memory (the device's, for NCCL), and so
+  // is the buffer they are packed into: the packing copies stay there.
+  GroupMemory memory(group.device_memory());
   const bool root = group.rank() == 0;
-  std::vector<uint8_t> packed;
+  GroupBuffer packed;
+  size_t packed_bytes = 0;
   std::vector<size_t> members;  // Indices of the tensors in `packed`.
 
   auto flush = [&]() -> absl::Status {
     if (members.empty()) return absl::OkStatus();
+    if (packed.bytes() < packed_bytes) {
+      // Sized once for the largest chunk (at most chunk_bytes).
+      packed = GroupBuffer();
+      absl::StatusOr<GroupBuffer> fresh = memory.Allocate(
+          std::min(chunk_bytes, std::max<size_t>(packed_bytes, 1 << 20)));
+      if (!fresh.ok()) return fresh.status();
+      packed = std::move(*fresh);
+    }
+    char* base = static_cast<char*>(packed.data());
+    absl::Status status;
     if (root) {
       size_t at = 0;
       for (size_t i : members) {
-        std::memcpy(packed.data() + at, tensors[i].data, tensors[i].bytes());
+        status = memory.Copy(base + at, tensors[i].data, tensors[i].bytes());
+        if (!status.ok()) return status;
         at += tensors[i].bytes();
       }
     }
-    absl::Status status =
-        group.Broadcast(BufferView::Of(packed.data(), packed.size()), 0)
-            ->Wait();
+    status =
+        group.Broadcast(BufferView{base, packed_bytes, Dtype::kU8}, 0)->Wait();
     if (status.ok() && !root) {
       size_t at = 0;
       for (size_t i : members) {
-        std::memcpy(tensors[i].data, packed.data() + at, tensors[i].bytes());
+        status = memory.Copy(tensors[i].data, base + at, tensors[i].bytes());
+        if (!status.ok()) return status;
         at += tensors[i].bytes();
       }
     }
     members.clear();
-    packed.clear();
+    packed_bytes = 0;
     return status;
   };
 
@@ -594,12 +661,12 @@ absl::Status BroadcastFromRank0(ProcessGroup& group,
       if (!status.ok()) return status;
       continue;
     }
-    if (packed.size() + bytes > chunk_bytes) {
+    if (packed_bytes + bytes > chunk_bytes) {
       absl::Status status = flush();
       if (!status.ok()) return status;
     }
     members.push_back(i);
-    packed.resize(packed.size() + bytes);
+    packed_bytes += bytes;
   }
   return flush();
 }

@@ -43,6 +43,15 @@
 //
 // Every rank must mark every parameter ready exactly once per iteration.
 //
+// Device memory. On a group whose buffers are device memory (NCCL:
+// ProcessGroup::device_memory()), the buckets are allocated on the group's
+// device and grad(i) points there: the caller's backward kernels write it
+// (order them with NcclProcessGroup::WaitForStream), and the host must not
+// dereference it. Zeroing, the rebuild's copies and the compression hooks'
+// casts are cudaMemsetAsync, cudaMemcpyAsync and kernels on the group's
+// stream (group_memory.h); no gradient is staged through the host. Only the
+// rebuild's ready order (4 bytes a parameter, once) crosses it.
+//
 // Caller bugs, as in fsdp.h: methods that return a Status report them
 // (INVALID_ARGUMENT, FAILED_PRECONDITION); grad(), which has no status to
 // return, aborts the process with a message naming the call.
@@ -84,7 +93,8 @@ class CommHook {
 std::shared_ptr<CommHook> AllReduceHook();
 // Casts the bucket to f16 (divided by the world size first, so large sums
 // do not overflow), all_reduces (SUM) the f16 copy and casts back: half the
-// bytes on the wire, about 11 bits of precision.
+// bytes on the wire, about 11 bits of precision. The copy and both casts
+// stay in the buckets' memory (kernels on a device group).
 std::shared_ptr<CommHook> Fp16CompressHook();
 // The same with bf16: f32's range, about 8 bits of precision.
 std::shared_ptr<CommHook> Bf16CompressHook();
@@ -123,13 +133,19 @@ class Reducer {
   int num_params() const;
   ProcessGroup& group() const;
 
-  // Parameter i's gradient: a view into its bucket. Valid until the next
-  // rebuild (see above). Zero after Create and ZeroGrad(). REQUIRES:
+  // Parameter i's gradient: a view into its bucket (in device memory on a
+  // device group, see above). Valid until the next rebuild (see above).
+  // Zero after Create and ZeroGrad(). REQUIRES:
   // 0 <= param < num_params(), else the process aborts (a wrong index would
   // write into another parameter's gradient).
   absl::Span<float> grad(int param);
 
-  // Zeroes every gradient. REQUIRES: no iteration in progress.
+  // Whether the buckets are in device memory (the group's).
+  bool on_device() const;
+
+  // Zeroes every gradient. REQUIRES: no iteration in progress. On a device
+  // group a failed zeroing makes the reducer unusable, and the next
+  // MarkReady or Finish reports it.
   void ZeroGrad();
 
   // Declares parameter `param`'s gradient final for this iteration.
@@ -175,7 +191,8 @@ class Reducer {
 
 // Makes every rank's `tensors` equal to rank 0's (DDP's initial parameter
 // and buffer sync), coalescing them into broadcasts of up to `chunk_bytes`.
-// Returns the first op's error. Tensors may have any dtypes.
+// Returns the first op's error. Tensors may have any dtypes. They are in
+// the group's memory (device memory on NCCL), as is the packing buffer.
 absl::Status BroadcastFromRank0(ProcessGroup& group,
                                 absl::Span<const BufferView> tensors,
                                 size_t chunk_bytes = size_t{25} << 20);

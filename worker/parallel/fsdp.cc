@@ -17,10 +17,16 @@
 //    time (the one being reduced and the one being computed): memory stays
 //    bounded and the same on every run instead of depending on when the
 //    network finishes.
-//  - Buffers in flight are owned by the unit (its `full` vector, which is
-//    never resized while its gather runs) or by a PendingReduction (heap
-//    buffers behind unique_ptrs), and the destructor waits for every Work,
-//    so no collective ever writes freed memory.
+//  - Every buffer is a GroupBuffer in the group's memory (group_memory.h):
+//    host memory, or the device's on NCCL, where the accumulation into the
+//    gradient shards, the zeroing and the optimizer step run as kernels on
+//    the group's stream and nothing crosses to the host but LoadFromRank0's
+//    values and GatherFullParams' result, which the caller hands over and
+//    asks for on the host.
+//  - Buffers in flight are owned by the unit (its `full` buffer, which is
+//    never replaced while its gather runs) or by a PendingReduction, and
+//    the destructor waits for every Work, so no collective ever writes
+//    freed memory.
 //  - bytes_communicated counts what this rank sends by WireBytes()
 //    (process_group.h): the ring volume of each collective it issues.
 //
@@ -36,12 +42,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "worker/parallel/group_memory.h"
 
 namespace cohort {
 namespace {
-
-// Frees a vector's memory (clear() keeps the capacity).
-void Release(std::vector<float>& v) { std::vector<float>().swap(v); }
 
 size_t Bytes(size_t floats) { return floats * sizeof(float); }
 
@@ -86,31 +90,33 @@ struct Fsdp::State {
     size_t unpadded = 0;
     size_t padded = 0;
     size_t shard = 0;
-    std::vector<float> param_shard;
-    std::vector<float> grad_shard;
+    GroupBuffer param_shard;
+    GroupBuffer grad_shard;
     // The gathered unit (P elements) while held; empty when freed. Under
     // NO_SHARD unused: param_shard is the full unit.
-    std::vector<float> full;
+    GroupBuffer full;
     std::shared_ptr<Work> gather;  // In flight into `full`, if any.
     bool gathered = false;         // `full` holds this step's values.
     // param() is allowed: set by Begin*, cleared when `full` is freed.
     bool open = false;
     Phase phase = Phase::kIdle;
     // The full gradient between BeginBackward and EndBackward.
-    std::unique_ptr<std::vector<float>> grad;
+    GroupBuffer grad;
   };
 
   // A gradient reduction in flight, with the buffers it reads and writes.
   struct PendingReduction {
     int unit = 0;
-    std::unique_ptr<std::vector<float>> full_grad;
-    // reduce_scatter's output; null under NO_SHARD, whose all_reduce
+    GroupBuffer full_grad;
+    // reduce_scatter's output; empty under NO_SHARD, whose all_reduce
     // averages `full_grad` in place.
-    std::unique_ptr<std::vector<float>> out;
+    GroupBuffer out;
     std::shared_ptr<Work> work;
   };
 
   std::shared_ptr<ProcessGroup> group;
+  // Where every buffer lives: host memory, or the group's device memory.
+  std::unique_ptr<GroupMemory> memory;
   FsdpOptions options;
   int rank = 0;
   int world = 1;
@@ -132,14 +138,13 @@ struct Fsdp::State {
   FsdpMemory Memory() const {
     FsdpMemory m;
     for (const Unit& u : units) {
-      m.param_bytes += Bytes(u.param_shard.size());
-      m.grad_bytes += Bytes(u.grad_shard.size());
-      m.gathered_param_bytes += Bytes(u.full.size());
-      if (u.grad != nullptr) m.gathered_grad_bytes += Bytes(u.grad->size());
+      m.param_bytes += u.param_shard.bytes();
+      m.grad_bytes += u.grad_shard.bytes();
+      m.gathered_param_bytes += u.full.bytes();
+      m.gathered_grad_bytes += u.grad.bytes();
     }
     for (const PendingReduction& p : pending) {
-      m.gathered_grad_bytes += Bytes(p.full_grad->size());
-      if (p.out != nullptr) m.gathered_grad_bytes += Bytes(p.out->size());
+      m.gathered_grad_bytes += p.full_grad.bytes() + p.out.bytes();
     }
     m.gathered_param_bytes += scratch_param_bytes;
     m.optimizer_bytes = optimizer_bytes;
@@ -160,7 +165,7 @@ struct Fsdp::State {
   absl::Status Usable() const {
     if (first_error.ok()) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat(
-        "fsdp is unusable: an earlier collective failed (",
+        "fsdp is unusable: an earlier collective or device operation failed (",
         first_error.ToString(),
         "); peers may be mid-collective, so recreate the group and Fsdp"));
   }
@@ -200,16 +205,39 @@ struct Fsdp::State {
     return absl::OkStatus();
   }
 
+  // Records a failure that leaves the ranks out of step (a collective, or
+  // memory that a collective needed) and returns it.
+  absl::Status Fail(absl::Status status) {
+    if (first_error.ok()) first_error = status;
+    return status;
+  }
+
+  // A zeroed buffer of `elements` f32, or the error naming what it was for.
+  absl::StatusOr<GroupBuffer> Allocate(size_t elements,
+                                       absl::string_view what) {
+    absl::StatusOr<GroupBuffer> buffer = memory->AllocateFloats(elements);
+    if (buffer.ok()) return buffer;
+    return absl::Status(buffer.status().code(),
+                        absl::StrCat("allocating ", what, " (", Bytes(elements),
+                                     " bytes): ", buffer.status().message()));
+  }
+
   // Issues the all_gather of unit u's shards into its full buffer.
-  void StartGather(int u) {
+  absl::Status StartGather(int u) {
     Unit& unit = units[u];
-    std::vector<float>(unit.padded).swap(unit.full);
+    absl::StatusOr<GroupBuffer> full =
+        Allocate(unit.padded, absl::StrCat("unit ", u, "'s full parameters"));
+    // Every rank issues the gathers in one order: one that cannot is out
+    // of step for good.
+    if (!full.ok()) return Fail(full.status());
+    unit.full = std::move(*full);
     UpdatePeak();
     unit.gather =
-        group->AllGather(BufferView::Of(unit.param_shard.data(), unit.shard),
-                         BufferView::Of(unit.full.data(), unit.padded));
+        group->AllGather(BufferView::Of(unit.param_shard.floats(), unit.shard),
+                         BufferView::Of(unit.full.floats(), unit.padded));
     bytes_communicated +=
         WireBytes(Traffic::kAllGather, Bytes(unit.padded), group->size());
+    return absl::OkStatus();
   }
 
   // Makes unit u's full parameters available, gathering them (or waiting
@@ -217,7 +245,9 @@ struct Fsdp::State {
   absl::Status EnsureGathered(int u) {
     Unit& unit = units[u];
     if (!sharded() || unit.gathered) return absl::OkStatus();
-    if (unit.gather == nullptr) StartGather(u);
+    if (unit.gather == nullptr) {
+      if (absl::Status s = StartGather(u); !s.ok()) return s;
+    }
     return FinishGather(u);
   }
 
@@ -234,20 +264,21 @@ struct Fsdp::State {
   // Starts gathering the prefetch_depth units after `u` in the direction
   // `step` (+1 forward, -1 backward) that are neither gathered nor in
   // flight, nearest first, so that every rank issues them in one order.
-  void Prefetch(int u, int step) {
-    if (!sharded()) return;
+  absl::Status Prefetch(int u, int step) {
+    if (!sharded()) return absl::OkStatus();
     for (int k = 1; k <= options.prefetch_depth; ++k) {
       const int next = u + k * step;
-      if (next < 0 || next >= static_cast<int>(units.size())) return;
+      if (next < 0 || next >= static_cast<int>(units.size())) break;
       if (units[next].gathered || units[next].gather != nullptr) continue;
-      StartGather(next);
+      if (absl::Status s = StartGather(next); !s.ok()) return s;
     }
+    return absl::OkStatus();
   }
 
   void FreeFull(int u) {
     Unit& unit = units[u];
     if (!sharded()) return;
-    Release(unit.full);
+    unit.full = GroupBuffer();
     unit.gathered = false;
     unit.open = false;
   }
@@ -277,10 +308,16 @@ struct Fsdp::State {
         Wait(p.work, absl::StrCat(sharded() ? "reduce_scatter" : "all_reduce",
                                   " of unit ", p.unit, "'s gradients"));
     if (status.ok()) {
-      const std::vector<float>& result =
-          p.out != nullptr ? *p.out : *p.full_grad;
-      std::vector<float>& shard = units[p.unit].grad_shard;
-      for (size_t i = 0; i < shard.size(); ++i) shard[i] += result[i];
+      const GroupBuffer& result = p.out.data() != nullptr ? p.out : p.full_grad;
+      GroupBuffer& shard = units[p.unit].grad_shard;
+      status = memory->Add(shard.floats(), result.floats(), shard.elements());
+      if (!status.ok()) {
+        Fail(absl::Status(status.code(),
+                          absl::StrCat("adding unit ", p.unit,
+                                       "'s reduced gradients into its shard: ",
+                                       status.message())))
+            .IgnoreError();
+      }
     }
     // The Work has completed either way, so its buffers may go.
     pending.pop_front();
@@ -301,13 +338,6 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(
   if (group == nullptr) {
     return absl::InvalidArgumentError("Fsdp::Create: the group is null");
   }
-  if (group->device_memory() != nullptr) {
-    return absl::FailedPreconditionError(
-        "Fsdp::Create: the group's buffers are device memory (nccl), and "
-        "FSDP's flat units, shards and optimizer steps are host memory: FSDP "
-        "on device buffers is not supported yet "
-        "(worker/collective/nccl/README.md)");
-  }
   if (units.empty()) {
     return absl::InvalidArgumentError(
         "Fsdp::Create: no units; pass at least one unit of parameters");
@@ -319,6 +349,7 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(
   }
   auto state = std::make_unique<State>();
   state->group = std::move(group);
+  state->memory = std::make_unique<GroupMemory>(state->group->device_memory());
   state->options = options;
   state->rank = state->group->rank();
   state->world = state->group->size();
@@ -341,8 +372,6 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(
     }
     unit.padded = (unit.unpadded + n - 1) / n * n;
     unit.shard = unit.padded / n;
-    unit.param_shard.assign(unit.shard, 0.0f);
-    unit.grad_shard.assign(unit.shard, 0.0f);
   }
   // Every rank must shard the same units: a unit's count, then its sizes.
   std::vector<size_t> layout;
@@ -354,6 +383,22 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(
           VerifySameSizes(*state->group, layout, "Fsdp::Create");
       !same.ok()) {
     return same;
+  }
+  for (size_t u = 0; u < state->units.size(); ++u) {
+    State::Unit& unit = state->units[u];
+    for (GroupBuffer* buffer : {&unit.param_shard, &unit.grad_shard}) {
+      absl::StatusOr<GroupBuffer> shard = state->Allocate(
+          unit.shard,
+          absl::StrCat("unit ", u, "'s ",
+                       buffer == &unit.param_shard ? "parameter" : "gradient",
+                       " shard"));
+      if (!shard.ok()) {
+        return absl::Status(
+            shard.status().code(),
+            absl::StrCat("Fsdp::Create: ", shard.status().message()));
+      }
+      *buffer = std::move(*shard);
+    }
   }
   state->UpdatePeak();
   return std::unique_ptr<Fsdp>(new Fsdp(std::move(state)));
@@ -419,25 +464,32 @@ absl::Status Fsdp::LoadFromRank0(
   if (absl::Status st = s.DropGathered(); !st.ok()) return st;
   for (size_t u = 0; u < s.units.size(); ++u) {
     State::Unit& unit = s.units[u];
-    std::vector<float> flat(unit.padded, 0.0f);
+    // The values are the caller's, on the host: rank 0 copies them into a
+    // flat buffer in the group's memory, which is broadcast.
+    absl::StatusOr<GroupBuffer> flat =
+        s.Allocate(unit.padded, absl::StrCat("unit ", u, "'s broadcast"));
+    if (!flat.ok()) return s.Fail(flat.status());
     if (s.rank == 0) {
       for (size_t i = 0; i < unit.counts.size(); ++i) {
-        std::copy(values[u][i].begin(), values[u][i].end(),
-                  flat.begin() + unit.offsets[i]);
+        absl::Status st =
+            s.memory->FromHost(flat->floats() + unit.offsets[i],
+                               values[u][i].data(), Bytes(unit.counts[i]));
+        if (!st.ok()) return s.Fail(st);
       }
     }
-    s.scratch_param_bytes = Bytes(flat.size());
+    s.scratch_param_bytes = flat->bytes();
     s.UpdatePeak();
     std::shared_ptr<Work> work =
-        s.group->Broadcast(BufferView::Of(flat.data(), flat.size()), 0);
+        s.group->Broadcast(BufferView::Of(flat->floats(), unit.padded), 0);
     s.bytes_communicated +=
-        WireBytes(Traffic::kBroadcast, Bytes(flat.size()), s.group->size());
+        WireBytes(Traffic::kBroadcast, Bytes(unit.padded), s.group->size());
     absl::Status st = s.Wait(work, absl::StrCat("broadcast of unit ", u));
     s.scratch_param_bytes = 0;
     if (!st.ok()) return st;
     const size_t begin = s.sharded() ? s.rank * unit.shard : 0;
-    std::copy(flat.begin() + begin, flat.begin() + begin + unit.shard,
-              unit.param_shard.begin());
+    st = s.memory->Copy(unit.param_shard.floats(), flat->floats() + begin,
+                        Bytes(unit.shard));
+    if (!st.ok()) return s.Fail(st);
   }
   return absl::OkStatus();
 }
@@ -455,7 +507,7 @@ absl::Status Fsdp::BeginForward(int unit) {
         " first"));
   }
   if (absl::Status st = s.EnsureGathered(unit); !st.ok()) return st;
-  s.Prefetch(unit, +1);
+  if (absl::Status st = s.Prefetch(unit, +1); !st.ok()) return st;
   u.phase = Phase::kForward;
   u.open = true;
   return absl::OkStatus();
@@ -496,8 +548,11 @@ absl::Status Fsdp::BeginBackward(int unit) {
         " first"));
   }
   if (absl::Status st = s.EnsureGathered(unit); !st.ok()) return st;
-  s.Prefetch(unit, -1);
-  u.grad = std::make_unique<std::vector<float>>(u.padded, 0.0f);
+  if (absl::Status st = s.Prefetch(unit, -1); !st.ok()) return st;
+  absl::StatusOr<GroupBuffer> grad =
+      s.Allocate(u.padded, absl::StrCat("unit ", unit, "'s full gradient"));
+  if (!grad.ok()) return s.Fail(grad.status());
+  u.grad = std::move(*grad);
   s.UpdatePeak();
   u.phase = Phase::kBackward;
   u.open = true;
@@ -519,19 +574,20 @@ absl::Status Fsdp::EndBackward(int unit) {
   State::PendingReduction p;
   p.unit = unit;
   p.full_grad = std::move(u.grad);
-  std::vector<float>& grad = *p.full_grad;
+  const BufferView grad = p.full_grad.view();
   if (s.sharded()) {
-    p.out = std::make_unique<std::vector<float>>(u.shard);
-    p.work = s.group->ReduceScatter(BufferView::Of(grad.data(), grad.size()),
-                                    BufferView::Of(p.out->data(), u.shard),
-                                    ReduceOp::kAvg);
+    absl::StatusOr<GroupBuffer> out = s.Allocate(
+        u.shard, absl::StrCat("unit ", unit, "'s reduce_scatter output"));
+    if (!out.ok()) return s.Fail(out.status());
+    p.out = std::move(*out);
+    p.work = s.group->ReduceScatter(
+        grad, BufferView::Of(p.out.floats(), u.shard), ReduceOp::kAvg);
   } else {
-    p.work = s.group->AllReduce(BufferView::Of(grad.data(), grad.size()),
-                                ReduceOp::kAvg);
+    p.work = s.group->AllReduce(grad, ReduceOp::kAvg);
   }
   s.bytes_communicated +=
       WireBytes(s.sharded() ? Traffic::kReduceScatter : Traffic::kAllReduce,
-                Bytes(grad.size()), s.group->size());
+                grad.bytes(), s.group->size());
   s.pending.push_back(std::move(p));
   s.UpdatePeak();
   // Both sharded strategies are done with the unit's parameters until the
@@ -583,8 +639,8 @@ absl::Span<const float> Fsdp::param(int unit, int index) const {
                            " is not gathered; call it between BeginForward or "
                            "BeginBackward and the free that follows"));
   }
-  const std::vector<float>& full = s.sharded() ? u.full : u.param_shard;
-  return absl::MakeConstSpan(full.data() + u.offsets[index], u.counts[index]);
+  const GroupBuffer& full = s.sharded() ? u.full : u.param_shard;
+  return absl::MakeConstSpan(full.floats() + u.offsets[index], u.counts[index]);
 }
 
 absl::Span<float> Fsdp::grad(int unit, int index) {
@@ -599,21 +655,23 @@ absl::Span<float> Fsdp::grad(int unit, int index) {
                            " is not in its backward; call it between "
                            "BeginBackward and EndBackward"));
   }
-  return absl::MakeSpan(u.grad->data() + u.offsets[index], u.counts[index]);
+  return absl::MakeSpan(u.grad.floats() + u.offsets[index], u.counts[index]);
 }
 
 absl::Span<float> Fsdp::param_shard(int unit) {
   if (unit < 0 || unit >= num_units()) {
     CallerBug(absl::StrCat("param_shard(", unit, "): no such unit"));
   }
-  return absl::MakeSpan(state_->units[unit].param_shard);
+  const State::Unit& u = state_->units[unit];
+  return absl::MakeSpan(u.param_shard.floats(), u.shard);
 }
 
 absl::Span<const float> Fsdp::grad_shard(int unit) const {
   if (unit < 0 || unit >= num_units()) {
     CallerBug(absl::StrCat("grad_shard(", unit, "): no such unit"));
   }
-  return absl::MakeConstSpan(state_->units[unit].grad_shard);
+  const State::Unit& u = state_->units[unit];
+  return absl::MakeConstSpan(u.grad_shard.floats(), u.shard);
 }
 
 absl::Status Fsdp::Step(Optimizer& optimizer) {
@@ -629,8 +687,9 @@ absl::Status Fsdp::Step(Optimizer& optimizer) {
   if (absl::Status st = s.DropGathered(); !st.ok()) return st;
   for (int u = 0; u < num_units(); ++u) {
     State::Unit& unit = s.units[u];
-    absl::Status st = optimizer.Step(u, absl::MakeSpan(unit.param_shard),
-                                     absl::MakeConstSpan(unit.grad_shard));
+    // In the shards' memory: on a device group, a kernel on its stream.
+    absl::Status st = optimizer.StepIn(*s.memory, u, unit.param_shard.floats(),
+                                       unit.grad_shard.floats(), unit.shard);
     if (!st.ok()) {
       return absl::Status(
           st.code(), absl::StrCat("Step: ", optimizer.name(), " on unit ", u,
@@ -643,10 +702,19 @@ absl::Status Fsdp::Step(Optimizer& optimizer) {
 }
 
 void Fsdp::ZeroGrad() {
-  for (State::Unit& unit : state_->units) {
-    std::fill(unit.grad_shard.begin(), unit.grad_shard.end(), 0.0f);
+  State& s = *state_;
+  for (State::Unit& unit : s.units) {
+    absl::Status zeroed =
+        s.memory->Zero(unit.grad_shard.data(), unit.grad_shard.bytes());
+    if (!zeroed.ok()) {
+      // No status to return: the next call reports it.
+      s.Fail(zeroed).IgnoreError();
+      return;
+    }
   }
 }
+
+bool Fsdp::on_device() const { return state_->memory->on_device(); }
 
 absl::StatusOr<std::vector<float>> Fsdp::GatherFullParams(int unit) {
   State& s = *state_;
@@ -655,20 +723,32 @@ absl::StatusOr<std::vector<float>> Fsdp::GatherFullParams(int unit) {
     return st;
   }
   State::Unit& u = s.units[unit];
-  if (!s.sharded()) return u.param_shard;
-  std::vector<float> full(u.padded);
-  std::shared_ptr<Work> work =
-      s.group->AllGather(BufferView::Of(u.param_shard.data(), u.shard),
-                         BufferView::Of(full.data(), full.size()));
-  s.bytes_communicated +=
-      WireBytes(Traffic::kAllGather, Bytes(u.padded), s.group->size());
-  if (absl::Status st = s.Wait(
-          work, absl::StrCat("GatherFullParams(", unit, "): all_gather"));
+  std::vector<float> result(u.unpadded);
+  const GroupBuffer* source = &u.param_shard;  // NO_SHARD: the full unit.
+  GroupBuffer full;
+  if (s.sharded()) {
+    absl::StatusOr<GroupBuffer> gathered = s.Allocate(
+        u.padded, absl::StrCat("GatherFullParams(", unit, ")'s buffer"));
+    if (!gathered.ok()) return s.Fail(gathered.status());
+    full = std::move(*gathered);
+    std::shared_ptr<Work> work =
+        s.group->AllGather(BufferView::Of(u.param_shard.floats(), u.shard),
+                           BufferView::Of(full.floats(), u.padded));
+    s.bytes_communicated +=
+        WireBytes(Traffic::kAllGather, Bytes(u.padded), s.group->size());
+    if (absl::Status st = s.Wait(
+            work, absl::StrCat("GatherFullParams(", unit, "): all_gather"));
+        !st.ok()) {
+      return st;
+    }
+    source = &full;
+  }
+  if (absl::Status st =
+          s.memory->ToHost(result.data(), source->data(), Bytes(u.unpadded));
       !st.ok()) {
     return st;
   }
-  full.resize(u.unpadded);
-  return full;
+  return result;
 }
 
 FsdpMemory Fsdp::memory() const { return state_->Memory(); }

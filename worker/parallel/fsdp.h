@@ -35,6 +35,15 @@
 // calls out of sequence (EndBackward without BeginBackward...) and the
 // group's error when a collective fails.
 //
+// Device memory. On a group whose buffers are device memory (NCCL), every
+// buffer (shards, gathered units, gradients, the optimizer's state) is on
+// the group's device, and the span accessors point there: the caller's
+// kernels read param() and write grad(), and the host must not dereference
+// them. Accumulating the reduced gradients, zeroing and the optimizer step
+// (Optimizer::StepIn) are kernels on the group's stream; only
+// LoadFromRank0's values and GatherFullParams' result cross to the host,
+// because the caller holds them there.
+//
 // Caller bugs, as in ddp.h: methods that return a Status report them
 // (INVALID_ARGUMENT, FAILED_PRECONDITION); the span accessors (param, grad,
 // param_shard, grad_shard), which have no status to return, abort the
@@ -146,9 +155,14 @@ class Fsdp {
   absl::Span<float> param_shard(int unit);
   absl::Span<const float> grad_shard(int unit) const;
 
-  // optimizer.Step(u, param_shard(u), grad_shard(u)) for every unit u.
+  // optimizer.Step(u, param_shard(u), grad_shard(u)) for every unit u (in
+  // the shards' memory: StepIn; the optimizer must not outlive the group).
   absl::Status Step(Optimizer& optimizer);
+  // On a device group a failed zeroing makes the Fsdp unusable, and the
+  // next call reports it.
   void ZeroGrad();
+  // Whether the buffers are in device memory (the group's).
+  bool on_device() const;
 
   // Unit u's full parameters, unpadded and flat, on every rank (an
   // all_gather; call it on every rank).

@@ -2,9 +2,10 @@
 
 #include <cmath>
 #include <map>
-#include <vector>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/collective/elementwise.h"
 
 namespace cohort {
 namespace {
@@ -26,140 +27,149 @@ absl::Status CheckBeta(absl::string_view option, float value) {
   return absl::OkStatus();
 }
 
-// Checks the arguments of Step against each other and against the size the
-// slot had on its first step (recorded in `sizes`, which it updates).
-absl::Status CheckStep(absl::string_view optimizer, int slot,
-                       absl::Span<float> params, absl::Span<const float> grads,
-                       std::map<int, size_t>& sizes) {
-  if (slot < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(optimizer, ": slot must be >= 0, got ", slot));
-  }
-  if (params.size() != grads.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        optimizer, ": slot ", slot, " has ", params.size(), " parameters but ",
-        grads.size(), " gradients; pass equal sizes"));
-  }
-  auto [it, inserted] = sizes.emplace(slot, params.size());
-  if (!inserted && it->second != params.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        optimizer, ": slot ", slot, " was first stepped with ", it->second,
-        " elements, now ", params.size(),
-        "; every step of a slot must pass the same tensor (or shard)"));
-  }
-  return absl::OkStatus();
-}
-
-class Sgd : public Optimizer {
+// SGD and Adam: per slot, the state buffers (in the memory of the slot's
+// first step) and a step count; each step is one ElementwiseUpdate
+// (elementwise.h), run by the memory: a host loop or a device kernel.
+class ElementwiseOptimizer : public Optimizer {
  public:
-  explicit Sgd(const SgdOptions& options) : options_(options) {}
-
   absl::Status Step(int slot, absl::Span<float> params,
                     absl::Span<const float> grads) override {
-    if (absl::Status s = CheckStep("sgd", slot, params, grads, sizes_);
-        !s.ok()) {
-      return s;
+    if (params.size() != grads.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name(), ": slot ", slot, " has ", params.size(), " parameters but ",
+          grads.size(), " gradients; pass equal sizes"));
     }
-    const float lr = options_.lr;
-    const float wd = options_.weight_decay;
-    const float momentum = options_.momentum;
-    if (momentum == 0.0f) {
-      for (size_t i = 0; i < params.size(); ++i) {
-        const float g = grads[i] + wd * params[i];
-        params[i] -= lr * g;
+    return StepIn(host_, slot, params.data(), grads.data(), params.size());
+  }
+
+  absl::Status StepIn(GroupMemory& memory, int slot, float* params,
+                      const float* grads, size_t count) override {
+    if (slot < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name(), ": slot must be >= 0, got ", slot));
+    }
+    if (count != 0 && (params == nullptr || grads == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name(), ": slot ", slot, ": null parameters or gradients"));
+    }
+    auto it = slots_.find(slot);
+    if (it == slots_.end()) {
+      SlotState fresh;
+      fresh.size = count;
+      fresh.device = memory.device();
+      for (int k = 0; k < num_states(); ++k) {
+        absl::StatusOr<GroupBuffer> buffer = memory.AllocateFloats(count);
+        if (!buffer.ok()) {
+          return absl::Status(buffer.status().code(),
+                              absl::StrCat(name(), ": state for slot ", slot,
+                                           ": ", buffer.status().message()));
+        }
+        fresh.state[k] = std::move(*buffer);
       }
-      return absl::OkStatus();
+      it = slots_.emplace(slot, std::move(fresh)).first;
+    } else if (it->second.size != count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name(), ": slot ", slot, " was first stepped with ", it->second.size,
+          " elements, now ", count,
+          "; every step of a slot must pass the same tensor (or shard)"));
+    } else if (it->second.device != memory.device()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name(), ": slot ", slot, "'s state is in ",
+          it->second.device == nullptr ? "host" : "device",
+          " memory, where its first step was, and this step is in ",
+          memory.on_device() ? "device" : "host",
+          " memory; step each slot in one memory"));
     }
-    auto [it, first] = buffers_.try_emplace(slot);
-    std::vector<float>& buf = it->second;
-    if (first) buf.resize(params.size());
-    for (size_t i = 0; i < params.size(); ++i) {
-      const float g = grads[i] + wd * params[i];
-      // torch.optim.SGD seeds the buffer with the first gradient itself
-      // rather than momentum * 0 + g (the same value, but no dampening).
-      buf[i] = first ? g : momentum * buf[i] + g;
-      params[i] -= lr * buf[i];
-    }
-    return absl::OkStatus();
+    SlotState& state = it->second;
+    ElementwiseUpdate update;
+    update.params = params;
+    update.grads = grads;
+    update.count = count;
+    update.state0 = state.state[0].floats();
+    update.state1 = state.state[1].floats();
+    ++state.step;
+    Fill(update, state.step);
+    return memory.Update(update);
   }
 
   size_t state_bytes() const override {
     size_t bytes = 0;
-    for (const auto& [slot, buf] : buffers_)
-      bytes += buf.size() * sizeof(float);
+    for (const auto& [slot, state] : slots_) {
+      bytes += state.state[0].bytes() + state.state[1].bytes();
+    }
     return bytes;
   }
 
+ protected:
+  // State buffers per slot: 0, 1 or 2.
+  virtual int num_states() const = 0;
+  // Sets the rule and its constants for step `step` (1 for the first).
+  virtual void Fill(ElementwiseUpdate& update, long long step) const = 0;
+
+ private:
+  struct SlotState {
+    size_t size = 0;
+    DeviceMemory* device = nullptr;  // Where the state lives; null: host.
+    long long step = 0;
+    GroupBuffer state[2];
+  };
+
+  GroupMemory host_{nullptr};
+  std::map<int, SlotState> slots_;
+};
+
+class Sgd : public ElementwiseOptimizer {
+ public:
+  explicit Sgd(const SgdOptions& options) : options_(options) {}
   absl::string_view name() const override { return "sgd"; }
+
+ protected:
+  int num_states() const override { return options_.momentum == 0.0f ? 0 : 1; }
+  void Fill(ElementwiseUpdate& update, long long step) const override {
+    update.lr = options_.lr;
+    update.weight_decay = options_.weight_decay;
+    if (options_.momentum == 0.0f) {
+      update.rule = ElementwiseUpdate::Rule::kSgd;
+      return;
+    }
+    update.rule = ElementwiseUpdate::Rule::kSgdMomentum;
+    update.momentum = options_.momentum;
+    update.first_step = step == 1;
+  }
 
  private:
   const SgdOptions options_;
-  std::map<int, size_t> sizes_;
-  std::map<int, std::vector<float>> buffers_;  // Only with momentum.
 };
 
-class Adam : public Optimizer {
+class Adam : public ElementwiseOptimizer {
  public:
   explicit Adam(const AdamOptions& options) : options_(options) {}
+  absl::string_view name() const override { return "adam"; }
 
-  absl::Status Step(int slot, absl::Span<float> params,
-                    absl::Span<const float> grads) override {
-    if (absl::Status s = CheckStep("adam", slot, params, grads, sizes_);
-        !s.ok()) {
-      return s;
-    }
-    auto [it, first] = slots_.try_emplace(slot);
-    SlotState& state = it->second;
-    if (first) {
-      state.m.resize(params.size());
-      state.v.resize(params.size());
-    }
-    ++state.step;
+ protected:
+  int num_states() const override { return 2; }
+  void Fill(ElementwiseUpdate& update, long long step) const override {
     // As torch.optim.Adam's single-tensor path: the bias corrections are
     // computed in double (Python floats there) and folded into a step size
     // and a divisor once per step, so every element (and every shard of a
     // tensor) sees the same f32 constants: lr * m_hat / (sqrt(v_hat) + eps)
     // == (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
     const double bc1 = 1.0 - std::pow(static_cast<double>(options_.beta1),
-                                      static_cast<double>(state.step));
+                                      static_cast<double>(step));
     const double bc2 = 1.0 - std::pow(static_cast<double>(options_.beta2),
-                                      static_cast<double>(state.step));
-    const float step_size = static_cast<float>(options_.lr / bc1);
-    const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-    const float b1 = options_.beta1;
-    const float b2 = options_.beta2;
-    const float wd = options_.weight_decay;
-    const float eps = options_.eps;
-    for (size_t i = 0; i < params.size(); ++i) {
-      const float g = grads[i] + wd * params[i];
-      state.m[i] = b1 * state.m[i] + (1.0f - b1) * g;
-      state.v[i] = b2 * state.v[i] + (1.0f - b2) * g * g;
-      const float denom = std::sqrt(state.v[i]) / bc2_sqrt + eps;
-      params[i] -= step_size * (state.m[i] / denom);
-    }
-    return absl::OkStatus();
+                                      static_cast<double>(step));
+    update.rule = ElementwiseUpdate::Rule::kAdam;
+    update.lr = options_.lr;
+    update.weight_decay = options_.weight_decay;
+    update.beta1 = options_.beta1;
+    update.beta2 = options_.beta2;
+    update.eps = options_.eps;
+    update.step_size = static_cast<float>(options_.lr / bc1);
+    update.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   }
-
-  size_t state_bytes() const override {
-    size_t bytes = 0;
-    for (const auto& [slot, state] : slots_) {
-      bytes += (state.m.size() + state.v.size()) * sizeof(float);
-    }
-    return bytes;
-  }
-
-  absl::string_view name() const override { return "adam"; }
 
  private:
-  struct SlotState {
-    long long step = 0;
-    std::vector<float> m;
-    std::vector<float> v;
-  };
-
   const AdamOptions options_;
-  std::map<int, size_t> sizes_;
-  std::map<int, SlotState> slots_;
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "worker/parallel/group_memory.h"
 
 namespace cohort {
 
@@ -46,6 +47,15 @@ class Optimizer {
   // state, or the slot is negative.
   virtual absl::Status Step(int slot, absl::Span<float> params,
                             absl::Span<const float> grads) = 0;
+
+  // The same step on `count` f32 at `params` and `grads` in `memory` (on
+  // an NCCL group's device memory: the slot's state is allocated on the
+  // device and the update runs as a kernel on the group's stream, nothing
+  // on the host). Step() is StepIn over host memory. A slot's state stays
+  // in the memory of its first step: INVALID_ARGUMENT for a step of it in
+  // another, or null buffers. The memory must outlive the optimizer.
+  virtual absl::Status StepIn(GroupMemory& memory, int slot, float* params,
+                              const float* grads, size_t count) = 0;
 
   // Bytes of state held for all slots (momentum buffers, Adam's moments).
   virtual size_t state_bytes() const = 0;

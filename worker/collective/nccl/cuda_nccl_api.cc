@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "worker/collective/elementwise.h"
+#include "worker/collective/nccl/cuda_kernels.h"
 #include "worker/collective/nccl/nccl_types.h"
 
 namespace cohort {
@@ -66,6 +68,21 @@ absl::StatusOr<cudaEvent_t> NewEvent() {
                "cudaEventCreateWithFlags");
   if (!created.ok()) return created;
   return event;
+}
+
+absl::StatusOr<cuda_kernels::FloatKind> Kind(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::kF32:
+      return cuda_kernels::FloatKind::kF32;
+    case Dtype::kF16:
+      return cuda_kernels::FloatKind::kF16;
+    case Dtype::kBF16:
+      return cuda_kernels::FloatKind::kBF16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("the Convert kernel takes f32, f16 and bf16, not ",
+                       DtypeName(dtype)));
+  }
 }
 
 class CudaCommunicator final : public NcclCommunicator {
@@ -232,6 +249,32 @@ class CudaCommunicator final : public NcclCommunicator {
     cudaSetDevice(device_);
     return FromCuda(cudaMemsetAsync(dst, value, bytes, stream_),
                     "cudaMemsetAsync");
+  }
+
+  absl::Status AddF32(float* dst, const float* src, size_t count) override {
+    cudaSetDevice(device_);
+    return FromCuda(static_cast<cudaError_t>(
+                        cuda_kernels::LaunchAddF32(dst, src, count, stream_)),
+                    "the AddF32 kernel");
+  }
+
+  absl::Status Convert(void* dst, Dtype dst_dtype, const void* src,
+                       Dtype src_dtype, size_t count, float scale) override {
+    absl::StatusOr<cuda_kernels::FloatKind> to = Kind(dst_dtype);
+    if (!to.ok()) return to.status();
+    absl::StatusOr<cuda_kernels::FloatKind> from = Kind(src_dtype);
+    if (!from.ok()) return from.status();
+    cudaSetDevice(device_);
+    return FromCuda(static_cast<cudaError_t>(cuda_kernels::LaunchConvert(
+                        dst, *to, src, *from, count, scale, stream_)),
+                    "the Convert kernel");
+  }
+
+  absl::Status Update(const ElementwiseUpdate& update) override {
+    cudaSetDevice(device_);
+    return FromCuda(
+        static_cast<cudaError_t>(cuda_kernels::LaunchUpdate(update, stream_)),
+        "the optimizer Update kernel");
   }
 
  private:

@@ -7,8 +7,10 @@
 #include <optional>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/collective/elementwise.h"
 #include "worker/collective/reduce.h"
 
 namespace cohort {
@@ -229,12 +231,22 @@ class FakeCommunicator final : public NcclCommunicator {
                     int peer) override {
     api_->Log(absl::StrCat("Send(count=", count, ", ", DtypeName(dtype),
                            ", peer=", peer, ")"));
+    if (absl::Status s =
+            api_->CheckDevice("Send", send, count * DtypeSize(dtype));
+        !s.ok()) {
+      return s;
+    }
     return PointToPoint(true, const_cast<void*>(send), count * DtypeSize(dtype),
                         peer);
   }
   absl::Status Recv(void* recv, size_t count, Dtype dtype, int peer) override {
     api_->Log(absl::StrCat("Recv(count=", count, ", ", DtypeName(dtype),
                            ", peer=", peer, ")"));
+    if (absl::Status s =
+            api_->CheckDevice("Recv", recv, count * DtypeSize(dtype));
+        !s.ok()) {
+      return s;
+    }
     return PointToPoint(false, recv, count * DtypeSize(dtype), peer);
   }
 
@@ -298,13 +310,85 @@ class FakeCommunicator final : public NcclCommunicator {
                            : kind == CopyKind::kDeviceToHost ? "device to host"
                                                              : "on device",
                            ")"));
+    if (kind != CopyKind::kDeviceToHost) {
+      if (absl::Status s = api_->CheckDevice("Copy", dst, bytes); !s.ok()) {
+        return s;
+      }
+    }
+    if (kind != CopyKind::kHostToDevice) {
+      if (absl::Status s = api_->CheckDevice("Copy", src, bytes); !s.ok()) {
+        return s;
+      }
+    }
     std::memmove(dst, src, bytes);
     return absl::OkStatus();
   }
 
   absl::Status Memset(void* dst, int value, size_t bytes) override {
     api_->Log(absl::StrCat("Memset(", bytes, " bytes)"));
+    if (absl::Status s = api_->CheckDevice("Memset", dst, bytes); !s.ok()) {
+      return s;
+    }
     std::memset(dst, value, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status AddF32(float* dst, const float* src, size_t count) override {
+    api_->Log(absl::StrCat("AddF32(count=", count, ")"));
+    for (const void* p :
+         {static_cast<const void*>(dst), static_cast<const void*>(src)}) {
+      if (absl::Status s = api_->CheckDevice("AddF32", p, count * 4); !s.ok()) {
+        return s;
+      }
+    }
+    for (size_t i = 0; i < count; ++i) dst[i] += src[i];
+    return absl::OkStatus();
+  }
+
+  absl::Status Convert(void* dst, Dtype dst_dtype, const void* src,
+                       Dtype src_dtype, size_t count, float scale) override {
+    api_->Log(absl::StrCat("Convert(count=", count, ", ", DtypeName(src_dtype),
+                           " to ", DtypeName(dst_dtype), ")"));
+    if (absl::Status s =
+            api_->CheckDevice("Convert", dst, count * DtypeSize(dst_dtype));
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            api_->CheckDevice("Convert", src, count * DtypeSize(src_dtype));
+        !s.ok()) {
+      return s;
+    }
+    // As the kernel: widen, scale in f32, narrow once.
+    std::vector<float> wide(count);
+    if (src_dtype == Dtype::kF32) {
+      std::memcpy(wide.data(), src, count * sizeof(float));
+    } else {
+      WidenToF32(src_dtype, src, wide.data(), count);
+    }
+    for (float& x : wide) x *= scale;
+    if (dst_dtype == Dtype::kF32) {
+      std::memcpy(dst, wide.data(), count * sizeof(float));
+    } else {
+      NarrowFromF32(dst_dtype, wide.data(), dst, count);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Update(const ElementwiseUpdate& update) override {
+    api_->Log(absl::StrCat("Update(count=", update.count,
+                           ", rule=", static_cast<int>(update.rule), ")"));
+    const size_t bytes = update.count * sizeof(float);
+    for (const void* p : {static_cast<const void*>(update.params),
+                          static_cast<const void*>(update.grads),
+                          static_cast<const void*>(update.state0),
+                          static_cast<const void*>(update.state1)}) {
+      if (p == nullptr) continue;
+      if (absl::Status s = api_->CheckDevice("Update", p, bytes); !s.ok()) {
+        return s;
+      }
+    }
+    ApplyUpdateOnHost(update);
     return absl::OkStatus();
   }
 
@@ -313,6 +397,19 @@ class FakeCommunicator final : public NcclCommunicator {
     api_->Log(absl::StrCat(call.kind, "(count=", call.count, ", ",
                            DtypeName(call.dtype), ", ", ReduceOpName(call.op),
                            ", root=", call.root, ")"));
+    const size_t bytes = call.count * DtypeSize(call.dtype);
+    const size_t ranks = static_cast<size_t>(state_->clique->nranks);
+    const size_t send_bytes =
+        call.kind == "ReduceScatter" ? bytes * ranks : bytes;
+    const size_t recv_bytes = call.kind == "AllGather" ? bytes * ranks : bytes;
+    if (absl::Status s = api_->CheckDevice(call.kind, call.send, send_bytes);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = api_->CheckDevice(call.kind, call.recv, recv_bytes);
+        !s.ok()) {
+      return s;
+    }
     call.item = std::make_shared<FakeItem>();
     absl::MutexLock lock(&world_->mu);
     state_->stream.push_back(call.item);
@@ -439,6 +536,33 @@ absl::StatusOr<void*> FakeNcclApi::Alloc(int, size_t bytes) {
 void FakeNcclApi::Free(void* device_memory) {
   absl::MutexLock lock(&mu_);
   if (allocations_.erase(device_memory) > 0) std::free(device_memory);
+}
+
+void FakeNcclApi::RequireDeviceMemory() {
+  absl::MutexLock lock(&mu_);
+  require_device_memory_ = true;
+}
+
+absl::Status FakeNcclApi::CheckDevice(absl::string_view call, const void* p,
+                                      size_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (!require_device_memory_ || bytes == 0) return absl::OkStatus();
+  const char* at = static_cast<const char*>(p);
+  auto it = allocations_.upper_bound(const_cast<void*>(p));
+  if (it != allocations_.begin()) {
+    --it;
+    const char* base = static_cast<const char*>(it->first);
+    if (at >= base && at + bytes <= base + it->second) return absl::OkStatus();
+  }
+  ++host_pointer_calls_;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "fake NCCL: ", call, " was passed ", bytes,
+      " bytes at a pointer outside device memory (a real GPU would fault)"));
+}
+
+int FakeNcclApi::host_pointer_calls() const {
+  absl::MutexLock lock(&mu_);
+  return host_pointer_calls_;
 }
 
 void FakeNcclApi::InjectAsyncError(absl::Status error) {

@@ -24,6 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "worker/collective/nccl/nccl_api.h"
 
@@ -46,6 +47,14 @@ class FakeNcclApi final : public NcclApi {
   absl::StatusOr<void*> Alloc(int device, size_t bytes) override;
   void Free(void* device_memory) override;
 
+  // From now on every buffer passed to a collective, a copy or a kernel
+  // must lie in memory Alloc() returned (and not freed), as on a GPU, where
+  // a host pointer faults: other calls fail with INVALID_ARGUMENT and are
+  // counted. By default the fake takes host pointers too.
+  void RequireDeviceMemory();
+  // Calls refused so under RequireDeviceMemory.
+  int host_pointer_calls() const;
+
   // From now on every communicator of this api reports `error` from
   // Ready(), as NCCL does when a peer or the network failed.
   void InjectAsyncError(absl::Status error);
@@ -67,6 +76,9 @@ class FakeNcclApi final : public NcclApi {
  private:
   friend class FakeCommunicator;
   void Log(std::string call);
+  // OK unless RequireDeviceMemory() and [p, p + bytes) is not inside one
+  // allocation.
+  absl::Status CheckDevice(absl::string_view call, const void* p, size_t bytes);
 
   const std::shared_ptr<FakeNcclWorld> world_;
   const int devices_;
@@ -77,6 +89,8 @@ class FakeNcclApi final : public NcclApi {
   int aborts_ ABSL_GUARDED_BY(mu_) = 0;
   int unique_ids_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<void*, size_t> allocations_ ABSL_GUARDED_BY(mu_);
+  bool require_device_memory_ ABSL_GUARDED_BY(mu_) = false;
+  int host_pointer_calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // The state shared by the ranks of a test: communicators by unique id and

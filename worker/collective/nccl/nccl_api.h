@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/collective/dtype.h"
+#include "worker/collective/elementwise.h"
 
 namespace cohort {
 
@@ -106,6 +107,15 @@ class NcclCommunicator {
   virtual absl::Status Copy(void* dst, const void* src, size_t bytes,
                             CopyKind kind) = 0;
   virtual absl::Status Memset(void* dst, int value, size_t bytes) = 0;
+
+  // Element-wise kernels on the stream, over device memory (cuda_kernels.h
+  // in the real implementation): dst[i] += src[i] over `count` f32;
+  virtual absl::Status AddF32(float* dst, const float* src, size_t count) = 0;
+  // dst[i] = src[i] * scale between f32, f16 and bf16 (nearest even);
+  virtual absl::Status Convert(void* dst, Dtype dst_dtype, const void* src,
+                               Dtype src_dtype, size_t count, float scale) = 0;
+  // one optimizer step (elementwise.h).
+  virtual absl::Status Update(const ElementwiseUpdate& update) = 0;
 };
 
 class NcclApi {

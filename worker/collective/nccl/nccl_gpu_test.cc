@@ -11,8 +11,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/in_process_store.h"
+#include "worker/collective/elementwise.h"
 #include "worker/collective/nccl/cuda_nccl_api.h"
 #include "worker/collective/nccl/nccl_backend.h"
+#include "worker/collective/reduce.h"
 
 namespace cohort {
 namespace {
@@ -123,6 +125,82 @@ TEST(NcclGpu, EveryCollectiveOnEveryDevice) {
       ASSERT_TRUE(sent->Wait().ok());
       ASSERT_TRUE(got->Wait().ok());
       EXPECT_EQ(theirs.Read()[0], (r + n - 1) % n);
+    }
+  });
+}
+
+// The element-wise kernels (cuda_kernels.cu) against the host arithmetic
+// they must reproduce: reduce.h's rounding and elementwise.h's formulas.
+TEST(NcclGpu, KernelsComputeWhatTheHostComputes) {
+  absl::StatusOr<int> devices = Devices();
+  SKIP_WITHOUT_GPU(devices);
+  NcclOptions options;
+  options.group.timeout = absl::Seconds(60);
+  OnEveryDevice(1, options, [](NcclProcessGroup& g) {
+    DeviceMemory& memory = *g.device_memory();
+    constexpr size_t kN = 100003;  // More than one grid-stride pass.
+    std::vector<float> a(kN), b(kN);
+    for (size_t i = 0; i < kN; ++i) {
+      a[i] = 0.001f * static_cast<float>(i) - 37.5f;
+      b[i] = 1.0f / (1.0f + static_cast<float>(i % 97));
+    }
+    DeviceFloats da(g, a), db(g, b);
+    ASSERT_TRUE(memory
+                    .AddF32(static_cast<float*>(da.view().data),
+                            static_cast<const float*>(db.view().data), kN)
+                    .ok());
+    std::vector<float> sum = da.Read();
+    for (size_t i = 0; i < kN; ++i) ASSERT_EQ(sum[i], a[i] + b[i]) << i;
+
+    for (Dtype narrow : {Dtype::kF16, Dtype::kBF16}) {
+      SCOPED_TRACE(DtypeName(narrow));
+      void* half = *g.api().Alloc(g.device(), kN * 2);
+      ASSERT_TRUE(
+          memory.Convert(BufferView{half, kN, narrow}, db.view(), 0.5f).ok());
+      DeviceFloats back(g, std::vector<float>(kN));
+      ASSERT_TRUE(
+          memory.Convert(back.view(), BufferView{half, kN, narrow}, 2.0f).ok());
+      std::vector<float> scaled(kN), want(kN);
+      std::vector<uint16_t> host_half(kN);
+      for (size_t i = 0; i < kN; ++i) scaled[i] = b[i] * 0.5f;
+      NarrowFromF32(narrow, scaled.data(), host_half.data(), kN);
+      WidenToF32(narrow, host_half.data(), want.data(), kN);
+      for (float& x : want) x *= 2.0f;
+      std::vector<float> got = back.Read();
+      for (size_t i = 0; i < kN; ++i) ASSERT_EQ(got[i], want[i]) << i;
+      g.api().Free(half);
+    }
+
+    for (auto rule :
+         {ElementwiseUpdate::Rule::kSgd, ElementwiseUpdate::Rule::kSgdMomentum,
+          ElementwiseUpdate::Rule::kAdam}) {
+      SCOPED_TRACE(static_cast<int>(rule));
+      std::vector<float> p = a, s0(kN, 0.25f), s1(kN, 0.5f);
+      DeviceFloats dp(g, p), ds0(g, s0), ds1(g, s1);
+      ElementwiseUpdate u;
+      u.rule = rule;
+      u.count = kN;
+      u.lr = 0.01f;
+      u.weight_decay = 0.001f;
+      u.momentum = 0.9f;
+      u.beta1 = 0.9f;
+      u.beta2 = 0.999f;
+      u.eps = 1e-8f;
+      u.step_size = 0.1f;
+      u.bc2_sqrt = 0.0447f;
+      ElementwiseUpdate on_device = u;
+      on_device.params = static_cast<float*>(dp.view().data);
+      on_device.grads = static_cast<const float*>(db.view().data);
+      on_device.state0 = static_cast<float*>(ds0.view().data);
+      on_device.state1 = static_cast<float*>(ds1.view().data);
+      ASSERT_TRUE(memory.Update(on_device).ok());
+      u.params = p.data();
+      u.grads = b.data();
+      u.state0 = s0.data();
+      u.state1 = s1.data();
+      ApplyUpdateOnHost(u);
+      std::vector<float> got = dp.Read();
+      for (size_t i = 0; i < kN; ++i) ASSERT_FLOAT_EQ(got[i], p[i]) << i;
     }
   });
 }

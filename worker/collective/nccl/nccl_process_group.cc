@@ -554,6 +554,63 @@ absl::Status NcclProcessGroup::Memset(void* dst, int value, size_t bytes) {
       nullptr);
 }
 
+absl::Status NcclProcessGroup::Memory::AddF32(float* dst, const float* src,
+                                              size_t count) {
+  if (count == 0) return absl::OkStatus();
+  if (dst == nullptr || src == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AddF32 of ", count, " elements with a null buffer"));
+  }
+  return group_.RunOnStream(
+      absl::StrCat("AddF32 of ", count, " elements"),
+      [&](NcclCommunicator& comm) { return comm.AddF32(dst, src, count); },
+      nullptr);
+}
+
+absl::Status NcclProcessGroup::Memory::Convert(BufferView dst, BufferView src,
+                                               float scale) {
+  for (Dtype dtype : {dst.dtype, src.dtype}) {
+    if (dtype != Dtype::kF32 && dtype != Dtype::kF16 && dtype != Dtype::kBF16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Convert: ", DtypeName(dtype),
+                       " is not a floating-point type it converts (f32, f16, "
+                       "bf16)"));
+    }
+  }
+  if (dst.count != src.count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Convert: ", src.count, " elements into ", dst.count));
+  }
+  if (dst.count == 0) return absl::OkStatus();
+  if (dst.data == nullptr || src.data == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Convert of ", dst.count, " elements with a null buffer"));
+  }
+  return group_.RunOnStream(
+      absl::StrCat("Convert of ", dst.count, " ", DtypeName(src.dtype), " to ",
+                   DtypeName(dst.dtype)),
+      [&](NcclCommunicator& comm) {
+        return comm.Convert(dst.data, dst.dtype, src.data, src.dtype, dst.count,
+                            scale);
+      },
+      nullptr);
+}
+
+absl::Status NcclProcessGroup::Memory::Update(const ElementwiseUpdate& update) {
+  if (update.count == 0) return absl::OkStatus();
+  const bool stateful = update.rule != ElementwiseUpdate::Rule::kSgd;
+  if (update.params == nullptr || update.grads == nullptr ||
+      (stateful && update.state0 == nullptr) ||
+      (update.rule == ElementwiseUpdate::Rule::kAdam &&
+       update.state1 == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Update of ", update.count, " elements with a null buffer"));
+  }
+  return group_.RunOnStream(
+      absl::StrCat("optimizer Update of ", update.count, " elements"),
+      [&](NcclCommunicator& comm) { return comm.Update(update); }, nullptr);
+}
+
 absl::StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::Split(
     int color, int key) {
   std::string child_name;

@@ -208,7 +208,8 @@ class NcclProcessGroup final : public ProcessGroup {
   class Transport;
   class Transfer;
 
-  // DeviceMemory over the api and Copy / Memset.
+  // DeviceMemory over the api, Copy / Memset and the communicator's
+  // element-wise kernels, each run on the stream like a copy.
   class Memory final : public DeviceMemory {
    public:
     explicit Memory(NcclProcessGroup& group) : group_(group) {}
@@ -230,6 +231,9 @@ class NcclProcessGroup final : public ProcessGroup {
     absl::Status Zero(void* data, size_t bytes) override {
       return group_.Memset(data, 0, bytes);
     }
+    absl::Status AddF32(float* dst, const float* src, size_t count) override;
+    absl::Status Convert(BufferView dst, BufferView src, float scale) override;
+    absl::Status Update(const ElementwiseUpdate& update) override;
 
    private:
     NcclProcessGroup& group_;

@@ -518,5 +518,64 @@ TEST(NcclProcessGroup, CopiesGoThroughTheGroupsStream) {
   EXPECT_THAT(ranks.api(0).calls(), Contains("Copy(16 bytes, host to device)"));
 }
 
+TEST(NcclProcessGroup, DeviceMemoryKernelsRunOnTheStream) {
+  Ranks ranks(1);
+  ASSERT_TRUE(ranks.ok());
+  NcclProcessGroup& g = ranks.group(0);
+  DeviceMemory& memory = *g.device_memory();
+  float* a = static_cast<float*>(*g.api().Alloc(g.device(), 16));
+  float* b = static_cast<float*>(*g.api().Alloc(g.device(), 16));
+  uint16_t* half = static_cast<uint16_t*>(*g.api().Alloc(g.device(), 8));
+  for (int i = 0; i < 4; ++i) {
+    a[i] = i;
+    b[i] = 0.5f;
+  }
+  ASSERT_TRUE(memory.AddF32(a, b, 4).ok());
+  EXPECT_THAT(std::vector<float>(a, a + 4), ElementsAre(0.5, 1.5, 2.5, 3.5));
+  ASSERT_TRUE(
+      memory
+          .Convert(BufferView{half, 4, Dtype::kF16}, BufferView::Of(a, 4), 2.0f)
+          .ok());
+  ASSERT_TRUE(
+      memory
+          .Convert(BufferView::Of(b, 4), BufferView{half, 4, Dtype::kF16}, 1.0f)
+          .ok());
+  EXPECT_THAT(std::vector<float>(b, b + 4), ElementsAre(1, 3, 5, 7));
+  ElementwiseUpdate sgd;
+  sgd.params = a;
+  sgd.grads = b;
+  sgd.count = 4;
+  sgd.lr = 0.5f;
+  ASSERT_TRUE(memory.Update(sgd).ok());
+  EXPECT_THAT(std::vector<float>(a, a + 4), ElementsAre(0, 0, 0, 0));
+  EXPECT_THAT(ranks.api(0).calls(), Contains("AddF32(count=4)"));
+  EXPECT_THAT(ranks.api(0).calls(), Contains("Convert(count=4, f32 to f16)"));
+  EXPECT_THAT(ranks.api(0).calls(), Contains("Update(count=4, rule=0)"));
+
+  // Refused before reaching the stream (the group stays usable).
+  absl::Status ints = memory.Convert(BufferView{half, 4, Dtype::kF16},
+                                     BufferView{a, 4, Dtype::kI32}, 1.0f);
+  EXPECT_EQ(ints.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ints.message(), HasSubstr("i32 is not a floating-point type"));
+  EXPECT_EQ(
+      memory
+          .Convert(BufferView{half, 3, Dtype::kF16}, BufferView::Of(a, 4), 1.0f)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(memory.AddF32(nullptr, b, 4).code(),
+            absl::StatusCode::kInvalidArgument);
+  ElementwiseUpdate adam;
+  adam.rule = ElementwiseUpdate::Rule::kAdam;
+  adam.params = a;
+  adam.grads = b;
+  adam.count = 4;
+  EXPECT_EQ(memory.Update(adam).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(g.Barrier()->Wait().ok());
+  for (void* p : {static_cast<void*>(a), static_cast<void*>(b),
+                  static_cast<void*>(half)}) {
+    g.api().Free(p);
+  }
+}
+
 }  // namespace
 }  // namespace cohort
