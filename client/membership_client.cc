@@ -247,6 +247,26 @@ class GrpcMembershipClient final : public MembershipClient {
 
 }  // namespace
 
+absl::Status ReportMemberError(const ConnectionOptions& connection,
+                               const std::string& group,
+                               const std::string& name, int64_t incarnation,
+                               const std::string& message) {
+  absl::StatusOr<std::shared_ptr<Connection>> opened =
+      Connection::Open(connection);
+  if (!opened.ok()) return opened.status();
+  std::unique_ptr<v1::Membership::Stub> stub =
+      v1::Membership::NewStub((*opened)->channel());
+  v1::ReportErrorRequest req;
+  req.set_group(group);
+  req.set_name(name);
+  req.set_incarnation(incarnation);
+  req.set_message(message);
+  v1::ReportErrorResponse resp;
+  return (*opened)->Call(
+      "report error", CallOptions::Retryable(connection.rpc_timeout),
+      stub.get(), &v1::Membership::Stub::ReportError, req, &resp);
+}
+
 absl::StatusOr<std::unique_ptr<MembershipClient>> MembershipClient::Connect(
     const ConnectionOptions& connection) {
   absl::StatusOr<std::shared_ptr<Connection>> opened =

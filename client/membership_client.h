@@ -19,8 +19,8 @@ namespace cohort {
 struct MemberOptions {
   std::string group;
   std::string name;
-  int rank = -1;        // For error messages ("rank 2 (host-b)").
-  std::string host;     // Likewise.
+  int rank = -1;     // For error messages ("rank 2 (host-b)").
+  std::string host;  // Likewise.
   absl::Duration heartbeat_interval = absl::Seconds(5);
   int missed_heartbeats = 3;  // Declared failed after this many intervals.
 };
@@ -57,10 +57,9 @@ class GroupMember {
   // Blocks until every participant (empty: all live members) reaches
   // `barrier_id`. ABORTED naming who if one fails or reports an error;
   // DEADLINE_EXCEEDED naming who is missing.
-  virtual absl::Status Barrier(const std::string& barrier_id,
-                               absl::Duration timeout,
-                               const std::vector<std::string>& participants =
-                                   {}) = 0;
+  virtual absl::Status Barrier(
+      const std::string& barrier_id, absl::Duration timeout,
+      const std::vector<std::string>& participants = {}) = 0;
 
   // Tells every member (and pending barriers) that this one hit `message`.
   virtual absl::Status ReportError(const std::string& message) = 0;
@@ -97,6 +96,17 @@ class MembershipClient {
   virtual absl::StatusOr<std::unique_ptr<MemberWatch>> Watch(
       const std::string& group, MemberEventCallback callback) = 0;
 };
+
+// Reports `message` for the member (group, name, incarnation) that another
+// process holds, exactly as that member's GroupMember::ReportError: the
+// way a worker tells its node's peers of a failure through the membership
+// its cohortrun agent holds (COHORT_MEMBER_* in the worker's environment),
+// without waiting for the worker to exit. NOT_FOUND if that incarnation is
+// no longer a member.
+absl::Status ReportMemberError(const ConnectionOptions& connection,
+                               const std::string& group,
+                               const std::string& name, int64_t incarnation,
+                               const std::string& message);
 
 }  // namespace cohort
 

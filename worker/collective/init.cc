@@ -1,12 +1,16 @@
 #include "worker/collective/init.h"
 
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "client/file_store.h"
+#include "client/membership_client.h"
 #include "client/prefix_store.h"
 #include "client/remote_store.h"
 #include "client/tcpstore_client.h"
@@ -168,6 +172,33 @@ absl::StatusOr<Rendezvous> FromUrl(absl::string_view init_method, int rank,
 
 }  // namespace
 
+std::function<void(const absl::Status&)> NodeErrorReporterFromEnv(int rank) {
+  const std::string address = Env("COHORT_ADDR");
+  const std::string group = Env("COHORT_MEMBER_GROUP");
+  const std::string name = Env("COHORT_MEMBER_NAME");
+  int64_t incarnation = 0;
+  if (address.empty() || group.empty() || name.empty() ||
+      !absl::SimpleAtoi(Env("COHORT_MEMBER_INCARNATION"), &incarnation)) {
+    return nullptr;
+  }
+  auto reported = std::make_shared<std::atomic<bool>>(false);
+  return [=](const absl::Status& error) {
+    if (reported->exchange(true)) return;
+    ConnectionOptions connection;  // Token and TLS from the environment.
+    connection.address = address;
+    connection.connect_timeout = absl::Seconds(10);
+    absl::Status sent =
+        ReportMemberError(connection, group, name, incarnation,
+                          absl::StrCat("rank ", rank, ": ", error.ToString()));
+    if (!sent.ok()) {
+      std::fprintf(stderr,
+                   "cohort: rank %d could not report its failure to the "
+                   "membership of %s in group %s: %s\n",
+                   rank, name.c_str(), group.c_str(), sent.ToString().c_str());
+    }
+  };
+}
+
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
     absl::string_view backend, absl::string_view init_method, int rank,
     int world_size, const InitOptions& options) {
@@ -198,7 +229,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
     NcclOptions nccl;
     nccl.group = options.group;
     nccl.store_prefix = absl::StrCat("pg/", generation);
-    nccl.error_reporter = options.error_reporter;
+    nccl.error_reporter = options.error_reporter != nullptr
+                              ? options.error_reporter
+                              : NodeErrorReporterFromEnv(r->rank);
     absl::StatusOr<std::unique_ptr<NcclProcessGroup>> group =
         CreateNcclProcessGroup(store, r->rank, r->world_size, nccl);
     if (!group.ok()) return group.status();

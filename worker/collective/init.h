@@ -36,8 +36,18 @@ struct InitOptions {
   // Called with a failure a backend detects asynchronously (NCCL's watchdog:
   // NcclOptions::error_reporter), e.g. to report it to cohortd's membership
   // (GroupMember::ReportError) so that other nodes learn of it at once.
+  // Null: NodeErrorReporterFromEnv(rank) (under cohortrun, the node's
+  // membership).
   std::function<void(const absl::Status&)> error_reporter;
 };
+
+// Under cohortrun (COHORT_ADDR and COHORT_MEMBER_GROUP, _NAME and
+// _INCARNATION in the environment): a reporter that tells cohortd, as this
+// node's member, "rank R: <the error>" (ReportMemberError), so that every
+// node's agent learns of the failure at once and stops its workers, as it
+// does when a worker dies. It reports at most once, and says on stderr
+// when it could not. Null (nothing reported) elsewhere.
+std::function<void(const absl::Status&)> NodeErrorReporterFromEnv(int rank);
 
 // Creates this rank's process group of `backend` ("gloo", or "nccl": device
 // buffers, nccl/nccl_process_group.h; FAILED_PRECONDITION "no CUDA device

@@ -1,8 +1,11 @@
 #include "worker/collective/reduce.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+
+#include "absl/strings/str_cat.h"
 
 namespace cohort {
 namespace {
@@ -257,6 +260,48 @@ void NarrowFromF32(Dtype dtype, const float* src, void* dst, size_t count) {
   } else {
     BFloat16* d = static_cast<BFloat16*>(dst);
     for (size_t i = 0; i < count; ++i) d[i] = FloatToBFloat16(src[i]);
+  }
+}
+
+absl::Status CheckFloatConversion(Dtype dst_dtype, size_t dst_count,
+                                  Dtype src_dtype, size_t src_count) {
+  for (Dtype dtype : {dst_dtype, src_dtype}) {
+    if (dtype != Dtype::kF32 && dtype != Dtype::kF16 && dtype != Dtype::kBF16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Convert: ", DtypeName(dtype),
+                       " is not a floating-point type it converts (f32, f16, "
+                       "bf16)"));
+    }
+  }
+  if (dst_count != src_count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Convert: ", src_count, " elements into ", dst_count));
+  }
+  return absl::OkStatus();
+}
+
+void ConvertFloats(Dtype dst_dtype, void* dst, Dtype src_dtype, const void* src,
+                   size_t count, float scale) {
+  // In blocks, so that no buffer-sized f32 temporary is needed.
+  constexpr size_t kBlock = 1024;
+  float block[kBlock];
+  const size_t in = DtypeSize(src_dtype);
+  const size_t out = DtypeSize(dst_dtype);
+  for (size_t start = 0; start < count; start += kBlock) {
+    const size_t n = std::min(kBlock, count - start);
+    const char* from = static_cast<const char*>(src) + start * in;
+    char* to = static_cast<char*>(dst) + start * out;
+    if (src_dtype == Dtype::kF32) {
+      std::memcpy(block, from, n * sizeof(float));
+    } else {
+      WidenToF32(src_dtype, from, block, n);
+    }
+    for (size_t i = 0; i < n; ++i) block[i] *= scale;
+    if (dst_dtype == Dtype::kF32) {
+      std::memcpy(to, block, n * sizeof(float));
+    } else {
+      NarrowFromF32(dst_dtype, block, to, n);
+    }
   }
 }
 

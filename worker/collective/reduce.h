@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "worker/collective/dtype.h"
 
 namespace cohort {
@@ -46,6 +47,16 @@ void DivideInPlace(Dtype dtype, void* data, size_t count, int64_t divisor);
 void WidenToF32(Dtype dtype, const void* src, float* dst, size_t count);
 // dst[i] = src[i] rounded to `dtype`. REQUIRES: dtype is kF16 or kBF16.
 void NarrowFromF32(Dtype dtype, const float* src, void* dst, size_t count);
+
+// Whether ConvertFloats takes these buffers: INVALID_ARGUMENT naming the
+// problem unless both dtypes are f32, f16 or bf16 and the counts are equal.
+absl::Status CheckFloatConversion(Dtype dst_dtype, size_t dst_count,
+                                  Dtype src_dtype, size_t src_count);
+// dst[i] = src[i] * scale: widened to f32, scaled, rounded once to
+// dst_dtype (nearest even), as the NCCL backend's Convert kernel does.
+// REQUIRES: CheckFloatConversion passes; dst and src do not overlap.
+void ConvertFloats(Dtype dst_dtype, void* dst, Dtype src_dtype, const void* src,
+                   size_t count, float scale);
 
 }  // namespace cohort
 

@@ -148,5 +148,34 @@ TEST(WidenTest, RoundTripsThroughF32) {
   EXPECT_EQ(BFloat16ToFloat(b[0]), 1.25f);
 }
 
+TEST(ConvertFloats, ScalesAndRoundsOnceBetweenFloatTypes) {
+  // More than one 1024-element block, so the blocking is exercised.
+  constexpr size_t kN = 2500;
+  std::vector<float> f32(kN);
+  for (size_t i = 0; i < kN; ++i) f32[i] = 1.0f + 0.001f * i;
+  std::vector<Float16> half(kN);
+  ConvertFloats(Dtype::kF16, half.data(), Dtype::kF32, f32.data(), kN, 0.5f);
+  std::vector<float> back(kN);
+  ConvertFloats(Dtype::kF32, back.data(), Dtype::kF16, half.data(), kN, 4.0f);
+  for (size_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(half[i].bits, FloatToHalf(f32[i] * 0.5f).bits) << i;
+    ASSERT_EQ(back[i], HalfToFloat(half[i]) * 4.0f) << i;
+  }
+  std::vector<BFloat16> bf(kN);
+  ConvertFloats(Dtype::kBF16, bf.data(), Dtype::kF16, half.data(), kN, 1.0f);
+  for (size_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(bf[i].bits, FloatToBFloat16(HalfToFloat(half[i])).bits) << i;
+  }
+}
+
+TEST(ConvertFloats, RefusesOtherTypesAndMismatchedCounts) {
+  EXPECT_TRUE(CheckFloatConversion(Dtype::kBF16, 3, Dtype::kF32, 3).ok());
+  absl::Status ints = CheckFloatConversion(Dtype::kF16, 3, Dtype::kI32, 3);
+  EXPECT_EQ(ints.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ints.message().find("i32"), absl::string_view::npos);
+  EXPECT_EQ(CheckFloatConversion(Dtype::kF16, 2, Dtype::kF32, 3).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace cohort

@@ -443,6 +443,12 @@ std::vector<WorkerSpec> Launcher::WorkerSpecs(const Round& round,
       {"COHORT_ROUND", absl::StrCat(r.round)},
       {"COHORT_STORE_PREFIX", r.store_prefix},
       {"COHORT_RESTART_COUNT", absl::StrCat(restart_count)},
+      // This node's membership in the run's group, which a worker may
+      // report an asynchronous failure through (InitProcessGroup's NCCL
+      // watchdog does) before it exits.
+      {"COHORT_MEMBER_GROUP", options_.run_id},
+      {"COHORT_MEMBER_NAME", options_.node_id},
+      {"COHORT_MEMBER_INCARNATION", absl::StrCat(round.member->incarnation())},
   };
   // Defaults that a value in cohortrun's own environment overrides.
   for (const char* name :

@@ -285,6 +285,9 @@ TEST_F(LauncherTest, RunsWorkersWithTheTorchrunEnvironment) {
       "$TORCHELASTIC_MAX_RESTARTS $TORCHELASTIC_RUN_ID "
       "$TORCH_NCCL_ASYNC_ERROR_HANDLING $NCCL_ASYNC_ERROR_HANDLING "
       "$OMP_NUM_THREADS >> ",
+      dir_,
+      "/env.$RANK; echo $COHORT_MEMBER_GROUP $COHORT_MEMBER_NAME "
+      "$COHORT_MEMBER_INCARNATION >> ",
       dir_, "/env.$RANK; echo $MASTER_PORT > ", dir_, "/port.$RANK"));
   EXPECT_EQ(launcher->Run(), 0) << Log();
   for (int rank : {0, 1}) {
@@ -292,7 +295,8 @@ TEST_F(LauncherTest, RunsWorkersWithTheTorchrunEnvironment) {
               absl::StrCat(rank, " ", rank,
                            " 4 2 0 2 cohortd.example:29511 job 1 /rdzv/job/1 "
                            "0\n",
-                           rank, " default 4 127.0.0.1 True 1 3 job 1 1 1\n"));
+                           rank, " default 4 127.0.0.1 True 1 3 job 1 1 1\n",
+                           "job node-a 1\n"));
   }
   // MASTER_PORT is the node's proxy, the same for both.
   const std::string port = ReadFile(absl::StrCat(dir_, "/port.0"));

@@ -1,6 +1,5 @@
 #include "worker/parallel/group_memory.h"
 
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -84,37 +83,12 @@ absl::Status GroupMemory::Add(float* dst, const float* src, size_t count) {
 
 absl::Status GroupMemory::Convert(BufferView dst, BufferView src, float scale) {
   if (device_ != nullptr) return device_->Convert(dst, src, scale);
-  for (Dtype dtype : {dst.dtype, src.dtype}) {
-    if (dtype != Dtype::kF32 && dtype != Dtype::kF16 && dtype != Dtype::kBF16) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Convert: ", DtypeName(dtype), " is not f32, f16 or bf16"));
-    }
+  if (absl::Status s =
+          CheckFloatConversion(dst.dtype, dst.count, src.dtype, src.count);
+      !s.ok()) {
+    return s;
   }
-  if (dst.count != src.count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Convert: ", src.count, " elements into ", dst.count));
-  }
-  // In blocks, so that no bucket-sized f32 temporary is needed.
-  constexpr size_t kBlock = 1024;
-  float block[kBlock];
-  const size_t in = DtypeSize(src.dtype);
-  const size_t out = DtypeSize(dst.dtype);
-  for (size_t start = 0; start < dst.count; start += kBlock) {
-    const size_t n = std::min(kBlock, dst.count - start);
-    const char* from = static_cast<const char*>(src.data) + start * in;
-    char* to = static_cast<char*>(dst.data) + start * out;
-    if (src.dtype == Dtype::kF32) {
-      std::memcpy(block, from, n * sizeof(float));
-    } else {
-      WidenToF32(src.dtype, from, block, n);
-    }
-    for (size_t i = 0; i < n; ++i) block[i] *= scale;
-    if (dst.dtype == Dtype::kF32) {
-      std::memcpy(to, block, n * sizeof(float));
-    } else {
-      NarrowFromF32(dst.dtype, block, to, n);
-    }
-  }
+  ConvertFloats(dst.dtype, dst.data, src.dtype, src.data, dst.count, scale);
   return absl::OkStatus();
 }
 

@@ -360,18 +360,7 @@ class FakeCommunicator final : public NcclCommunicator {
       return s;
     }
     // As the kernel: widen, scale in f32, narrow once.
-    std::vector<float> wide(count);
-    if (src_dtype == Dtype::kF32) {
-      std::memcpy(wide.data(), src, count * sizeof(float));
-    } else {
-      WidenToF32(src_dtype, src, wide.data(), count);
-    }
-    for (float& x : wide) x *= scale;
-    if (dst_dtype == Dtype::kF32) {
-      std::memcpy(dst, wide.data(), count * sizeof(float));
-    } else {
-      NarrowFromF32(dst_dtype, wide.data(), dst, count);
-    }
+    ConvertFloats(dst_dtype, dst, src_dtype, src, count, scale);
     return absl::OkStatus();
   }
 

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "client/prefix_store.h"
 #include "worker/collective/nccl/nccl_bootstrap.h"
+#include "worker/collective/reduce.h"
 
 namespace cohort {
 namespace {
@@ -569,17 +570,10 @@ absl::Status NcclProcessGroup::Memory::AddF32(float* dst, const float* src,
 
 absl::Status NcclProcessGroup::Memory::Convert(BufferView dst, BufferView src,
                                                float scale) {
-  for (Dtype dtype : {dst.dtype, src.dtype}) {
-    if (dtype != Dtype::kF32 && dtype != Dtype::kF16 && dtype != Dtype::kBF16) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Convert: ", DtypeName(dtype),
-                       " is not a floating-point type it converts (f32, f16, "
-                       "bf16)"));
-    }
-  }
-  if (dst.count != src.count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Convert: ", src.count, " elements into ", dst.count));
+  if (absl::Status s =
+          CheckFloatConversion(dst.dtype, dst.count, src.dtype, src.count);
+      !s.ok()) {
+    return s;
   }
   if (dst.count == 0) return absl::OkStatus();
   if (dst.data == nullptr || src.data == nullptr) {
