@@ -35,7 +35,8 @@ done
 # The tests where threads meet: the store and its waiters and watches, the
 # server's rendezvous and membership state machines, client and server over
 # gRPC in one process, and the collectives (thread-driven ops, forked Gloo
-# ranks, DDP and FSDP). The tests that drive cohortd as a subprocess run
+# ranks, DDP and FSDP, the NCCL backend's watchdog and engine over the fake
+# NCCL, DDP and FSDP on its device memory). The tests that drive cohortd as a subprocess run
 # under ASan only: see the README for why.
 tsan_targets=(
   //store:all
@@ -54,6 +55,9 @@ tsan_targets=(
   //worker/collective/shm:shm_group_test
   //worker/parallel:ddp_test
   //worker/parallel:fsdp_test
+  //worker/collective/nccl:watched_comm_test
+  //worker/collective/nccl:nccl_process_group_test
+  //worker/parallel:device_buffers_test
 )
 # gRPC's completion queue is not instrumented: under eight clients' load
 # TSan cannot always recover the stack of gRPC's own write to a callback
