@@ -29,6 +29,9 @@ class BuiltinHook : public CommHook {
     return absl::OkStatus();
   }
   virtual size_t scratch_bytes() const { return 0; }
+  // Frees the scratch when the Reducer goes: the caller may keep the hook
+  // longer than the group whose device memory the scratch is in.
+  virtual void ReleaseScratch() {}
 };
 
 class AllReduceHookImpl : public BuiltinHook {
@@ -126,6 +129,11 @@ class CompressHook : public BuiltinHook {
     size_t bytes = 0;
     for (const GroupBuffer& s : scratch_) bytes += s.bytes();
     return bytes;
+  }
+
+  void ReleaseScratch() override {
+    scratch_.clear();
+    memory_.reset();
   }
 
  private:
@@ -452,6 +460,7 @@ Reducer::Reducer(std::unique_ptr<State> state) : state_(std::move(state)) {}
 Reducer::~Reducer() {
   // The backend may still be writing into the buckets.
   state_->WaitAll().IgnoreError();
+  if (state_->builtin != nullptr) state_->builtin->ReleaseScratch();
 }
 
 int Reducer::num_params() const {

@@ -99,6 +99,8 @@ void RunDdp(const std::shared_ptr<CommHook>& hook, float tolerance) {
   constexpr int kRanks = 2;
   const std::vector<size_t> sizes = {5, 300, 3, 700, 11, 600};
   DeviceRanks ranks(kRanks);
+  std::vector<size_t> baseline(kRanks);
+  for (int r = 0; r < kRanks; ++r) baseline[r] = ranks.api(r).allocated_bytes();
   ranks.RunAll([&](int r) {
     ReducerOptions options;
     options.first_bucket_bytes = 1024;
@@ -111,8 +113,11 @@ void RunDdp(const std::shared_ptr<CommHook>& hook, float tolerance) {
     Reducer& red = **reducer;
     EXPECT_TRUE(red.on_device());
     EXPECT_GT(red.buckets().size(), 2u);
+    int allocations = 0;
     for (int t = 0; t < 3; ++t) {
       const size_t before = ranks.CallCount(r);
+      // After the rebuild, an iteration allocates nothing.
+      if (t == 2) allocations = ranks.api(r).allocations_made();
       red.ZeroGrad();
       // Marks in an order other than the layout's, to force a rebuild.
       for (int p : {1, 4, 0, 5, 3, 2}) {
@@ -137,9 +142,12 @@ void RunDdp(const std::shared_ptr<CommHook>& hook, float tolerance) {
     }
     EXPECT_TRUE(red.rebuilt());
     EXPECT_EQ(red.buckets()[0].params[0], 1);
+    EXPECT_EQ(ranks.api(r).allocations_made(), allocations);
   });
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(ranks.api(r).host_pointer_calls(), 0);
+    // The Reducer (buckets, scratch, its pool) freed everything it held.
+    EXPECT_EQ(ranks.api(r).allocated_bytes(), baseline[r]);
   }
 }
 
@@ -276,6 +284,10 @@ TEST_P(FsdpOnDevice, StepsMatchTheHostReference) {
     }
 
     DeviceRanks ranks(kRanks);
+    std::vector<size_t> baseline(kRanks);
+    for (int r = 0; r < kRanks; ++r) {
+      baseline[r] = ranks.api(r).allocated_bytes();
+    }
     ranks.RunAll([&](int r) {
       FsdpOptions options;
       options.strategy = GetParam();
@@ -289,8 +301,13 @@ TEST_P(FsdpOnDevice, StepsMatchTheHostReference) {
       }
       ASSERT_TRUE(fsdp.LoadFromRank0(values).ok());
       std::unique_ptr<Optimizer> optimizer = NewOptimizer(which);
+      int allocations = 0;
       for (int t = 0; t < kSteps; ++t) {
         const size_t before = ranks.CallCount(r);
+        // Once the optimizer's state exists (the first Step takes it, in
+        // part from the pool) every buffer of a step comes from the pool:
+        // no cudaMalloc (nor cudaFree) in a steady-state step.
+        if (t == 2) allocations = ranks.api(r).allocations_made();
         for (int u = 0; u < fsdp.num_units(); ++u) {
           ASSERT_TRUE(fsdp.BeginForward(u).ok());
           for (int i = 0; i < fsdp.num_params(u); ++i) {
@@ -314,6 +331,7 @@ TEST_P(FsdpOnDevice, StepsMatchTheHostReference) {
         // A training step moves nothing through the host.
         EXPECT_EQ(ranks.BytesToHost(r, before), 0u) << "step " << t;
       }
+      EXPECT_EQ(ranks.api(r).allocations_made(), allocations);
       EXPECT_GT(optimizer->state_bytes(), 0u);
       for (int u = 0; u < fsdp.num_units(); ++u) {
         auto full = fsdp.GatherFullParams(u);
@@ -332,6 +350,8 @@ TEST_P(FsdpOnDevice, StepsMatchTheHostReference) {
     for (int r = 0; r < kRanks; ++r) {
       EXPECT_EQ(ranks.api(r).host_pointer_calls(), 0);
       EXPECT_THAT(ranks.api(r).calls(), Contains(HasSubstr("Update(count=")));
+      // Fsdp and the optimizer freed everything they held.
+      EXPECT_EQ(ranks.api(r).allocated_bytes(), baseline[r]);
     }
   }
 }

@@ -2,15 +2,81 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <utility>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/collective/reduce.h"
 
 namespace cohort {
 
+// Freed device buffers by exact size, for the next allocation of that size.
+// Shared by a GroupMemory and its live buffers, so that a buffer may
+// outlive the GroupMemory (not the device memory). Thread-safe.
+class DevicePool {
+ public:
+  explicit DevicePool(DeviceMemory* device) : device_(device) {}
+  ~DevicePool() { Trim(); }
+
+  absl::StatusOr<void*> Take(size_t bytes) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = cached_.find(bytes);
+      if (it != cached_.end() && !it->second.empty()) {
+        void* data = it->second.back();
+        it->second.pop_back();
+        cached_bytes_ -= bytes;
+        return data;
+      }
+      ++allocations_;
+    }
+    absl::StatusOr<void*> data = device_->Allocate(bytes);
+    if (data.ok() || cached_bytes() == 0) return data;
+    // Out of device memory, perhaps because of what is cached here.
+    Trim();
+    return device_->Allocate(bytes);
+  }
+
+  void Return(void* data, size_t bytes) {
+    absl::MutexLock lock(&mu_);
+    cached_[bytes].push_back(data);
+    cached_bytes_ += bytes;
+  }
+
+  void Trim() {
+    std::map<size_t, std::vector<void*>> cached;
+    {
+      absl::MutexLock lock(&mu_);
+      cached.swap(cached_);
+      cached_bytes_ = 0;
+    }
+    for (const auto& [bytes, buffers] : cached) {
+      for (void* data : buffers) device_->Free(data);
+    }
+  }
+
+  size_t cached_bytes() const {
+    absl::MutexLock lock(&mu_);
+    return cached_bytes_;
+  }
+  uint64_t allocations() const {
+    absl::MutexLock lock(&mu_);
+    return allocations_;
+  }
+
+ private:
+  DeviceMemory* const device_;
+  mutable absl::Mutex mu_;
+  std::map<size_t, std::vector<void*>> cached_ ABSL_GUARDED_BY(mu_);
+  size_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t allocations_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 GroupBuffer::GroupBuffer(GroupBuffer&& other) noexcept
-    : device_(other.device_), data_(other.data_), bytes_(other.bytes_) {
+    : pool_(std::move(other.pool_)), data_(other.data_), bytes_(other.bytes_) {
   other.data_ = nullptr;
   other.bytes_ = 0;
 }
@@ -18,7 +84,7 @@ GroupBuffer::GroupBuffer(GroupBuffer&& other) noexcept
 GroupBuffer& GroupBuffer::operator=(GroupBuffer&& other) noexcept {
   if (this != &other) {
     Reset();
-    device_ = other.device_;
+    pool_ = std::move(other.pool_);
     data_ = other.data_;
     bytes_ = other.bytes_;
     other.data_ = nullptr;
@@ -31,14 +97,30 @@ GroupBuffer::~GroupBuffer() { Reset(); }
 
 void GroupBuffer::Reset() {
   if (data_ != nullptr) {
-    if (device_ != nullptr) {
-      device_->Free(data_);
+    if (pool_ != nullptr) {
+      pool_->Return(data_, bytes_);
     } else {
       std::free(data_);
     }
   }
+  pool_ = nullptr;
   data_ = nullptr;
   bytes_ = 0;
+}
+
+GroupMemory::GroupMemory(DeviceMemory* device)
+    : device_(device),
+      pool_(device != nullptr ? std::make_shared<DevicePool>(device)
+                              : nullptr) {}
+
+GroupMemory::~GroupMemory() = default;
+
+size_t GroupMemory::cached_bytes() const {
+  return pool_ != nullptr ? pool_->cached_bytes() : 0;
+}
+
+uint64_t GroupMemory::device_allocations() const {
+  return pool_ != nullptr ? pool_->allocations() : 0;
 }
 
 absl::StatusOr<GroupBuffer> GroupMemory::Allocate(size_t bytes) {
@@ -51,9 +133,9 @@ absl::StatusOr<GroupBuffer> GroupMemory::Allocate(size_t bytes) {
     }
     return GroupBuffer(nullptr, data, bytes);
   }
-  absl::StatusOr<void*> data = device_->Allocate(bytes);
+  absl::StatusOr<void*> data = pool_->Take(bytes);
   if (!data.ok()) return data.status();
-  GroupBuffer buffer(device_, *data, bytes);
+  GroupBuffer buffer(pool_, *data, bytes);
   if (absl::Status zeroed = device_->Zero(*data, bytes); !zeroed.ok()) {
     return zeroed;
   }

@@ -10,10 +10,19 @@
 //   GroupMemory memory(group->device_memory());
 //   GroupBuffer bucket = memory.Allocate(n).value();   // zeroed
 //   memory.Add(bucket.floats(), other.floats(), n);     // on the device
+//
+// Device memory is cached, as torch's CUDA allocator does: a freed buffer
+// goes back to its GroupMemory's pool and serves the next allocation of the
+// same size (FSDP gathers and frees the same unit sizes every step), so a
+// steady-state training step calls no cudaMalloc or cudaFree, both of which
+// stall the device. An allocation the device refuses frees the cache and
+// tries once more.
 #ifndef COHORT_WORKER_PARALLEL_GROUP_MEMORY_H_
 #define COHORT_WORKER_PARALLEL_GROUP_MEMORY_H_
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -22,7 +31,10 @@
 
 namespace cohort {
 
-// An allocation in a GroupMemory, freed when destroyed. Move-only.
+class DevicePool;
+
+// An allocation in a GroupMemory, freed (or returned to the pool) when
+// destroyed. Move-only.
 class GroupBuffer {
  public:
   GroupBuffer() = default;
@@ -42,11 +54,11 @@ class GroupBuffer {
 
  private:
   friend class GroupMemory;
-  GroupBuffer(DeviceMemory* device, void* data, size_t bytes)
-      : device_(device), data_(data), bytes_(bytes) {}
+  GroupBuffer(std::shared_ptr<DevicePool> pool, void* data, size_t bytes)
+      : pool_(std::move(pool)), data_(data), bytes_(bytes) {}
   void Reset();
 
-  DeviceMemory* device_ = nullptr;  // Null: host memory (calloc).
+  std::shared_ptr<DevicePool> pool_;  // Null: host memory (calloc).
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };
@@ -56,7 +68,10 @@ class GroupBuffer {
 // host memory) must outlive it and every buffer it allocates.
 class GroupMemory {
  public:
-  explicit GroupMemory(DeviceMemory* device) : device_(device) {}
+  explicit GroupMemory(DeviceMemory* device);
+  ~GroupMemory();
+  GroupMemory(const GroupMemory&) = delete;
+  GroupMemory& operator=(const GroupMemory&) = delete;
 
   bool on_device() const { return device_ != nullptr; }
   DeviceMemory* device() const { return device_; }
@@ -82,8 +97,14 @@ class GroupMemory {
   absl::Status FromHost(void* dst, const void* host, size_t bytes);
   absl::Status ToHost(void* host, const void* src, size_t bytes);
 
+  // The device pool: bytes held for reuse, and the device allocations
+  // made so far (0 and 0 for host memory).
+  size_t cached_bytes() const;
+  uint64_t device_allocations() const;
+
  private:
   DeviceMemory* const device_;
+  const std::shared_ptr<DevicePool> pool_;  // Null for host memory.
 };
 
 }  // namespace cohort

@@ -519,6 +519,7 @@ absl::StatusOr<void*> FakeNcclApi::Alloc(int, size_t bytes) {
   void* memory = std::calloc(std::max<size_t>(bytes, 1), 1);
   absl::MutexLock lock(&mu_);
   allocations_[memory] = bytes;
+  ++allocations_made_;
   return memory;
 }
 
@@ -582,6 +583,11 @@ int FakeNcclApi::aborts() const {
 int FakeNcclApi::unique_ids() const {
   absl::MutexLock lock(&mu_);
   return unique_ids_;
+}
+
+int FakeNcclApi::allocations_made() const {
+  absl::MutexLock lock(&mu_);
+  return allocations_made_;
 }
 
 size_t FakeNcclApi::allocated_bytes() const {

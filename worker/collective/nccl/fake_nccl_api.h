@@ -70,8 +70,9 @@ class FakeNcclApi final : public NcclApi {
   // How many of its communicators were aborted, and unique ids it made.
   int aborts() const;
   int unique_ids() const;
-  // Bytes allocated and not freed.
+  // Bytes allocated and not freed; Alloc calls made.
   size_t allocated_bytes() const;
+  int allocations_made() const;
 
  private:
   friend class FakeCommunicator;
@@ -91,6 +92,7 @@ class FakeNcclApi final : public NcclApi {
   std::map<void*, size_t> allocations_ ABSL_GUARDED_BY(mu_);
   bool require_device_memory_ ABSL_GUARDED_BY(mu_) = false;
   int host_pointer_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int allocations_made_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // The state shared by the ranks of a test: communicators by unique id and
