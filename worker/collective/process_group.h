@@ -118,8 +118,10 @@ struct ProcessGroupOptions {
 };
 
 // The memory of a backend whose buffers the CPU cannot touch (NCCL's: GPU
-// memory on the group's device). Each call is ordered with the group's ops
-// (on its stream) and returns once done. Host-memory backends have none.
+// memory on the group's device). Each call returns once done. It is not
+// queued behind the group's ops in flight (NCCL: it runs on a stream of its
+// own), so REQUIRES: no pending op of the group uses the buffers a call
+// touches (wait for its Work first). Host-memory backends have none.
 class DeviceMemory {
  public:
   virtual ~DeviceMemory() = default;
@@ -133,7 +135,7 @@ class DeviceMemory {
   virtual absl::Status Zero(void* data, size_t bytes) = 0;
 
   // The arithmetic DDP and FSDP run on their buffers without bringing them
-  // to the host (kernels on the group's stream, in order like the copies):
+  // to the host (device kernels, like the copies):
   // dst[i] += src[i] over `count` f32;
   virtual absl::Status AddF32(float* dst, const float* src, size_t count) = 0;
   // dst[i] = src[i] * scale, converted between f32, f16 and bf16 (rounding

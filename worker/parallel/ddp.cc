@@ -47,7 +47,7 @@ class AllReduceHookImpl : public BuiltinHook {
 // Narrows each bucket (pre-divided by the world size so the sum cannot
 // overflow where the average would not) into a 16-bit copy that is reduced
 // with SUM, then widens the result back into the bucket: on a device group
-// both casts are kernels on the group's stream. The scratch is kept across
+// both casts are kernels on the group's device. The scratch is kept across
 // iterations, in the buckets' memory: reallocating a bucket-sized buffer
 // every step would cost as much as the cast. One instance serves one
 // Reducer at a time, because the scratch is indexed by bucket.

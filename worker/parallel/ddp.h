@@ -49,7 +49,7 @@
 // (order them with NcclProcessGroup::WaitForStream), and the host must not
 // dereference it. Zeroing, the rebuild's copies and the compression hooks'
 // casts are cudaMemsetAsync, cudaMemcpyAsync and kernels on the group's
-// stream (group_memory.h); no gradient is staged through the host. Only the
+// device (group_memory.h); no gradient is staged through the host. Only the
 // rebuild's ready order (4 bytes a parameter, once) crosses it.
 //
 // Caller bugs, as in fsdp.h: methods that return a Status report them

@@ -20,7 +20,7 @@
 //  - Every buffer is a GroupBuffer in the group's memory (group_memory.h):
 //    host memory, or the device's on NCCL, where the accumulation into the
 //    gradient shards, the zeroing and the optimizer step run as kernels on
-//    the group's stream and nothing crosses to the host but LoadFromRank0's
+//    the device and nothing crosses to the host but LoadFromRank0's
 //    values and GatherFullParams' result, which the caller hands over and
 //    asks for on the host.
 //  - Buffers in flight are owned by the unit (its `full` buffer, which is

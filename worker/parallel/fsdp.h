@@ -40,7 +40,7 @@
 // the group's device, and the span accessors point there: the caller's
 // kernels read param() and write grad(), and the host must not dereference
 // them. Accumulating the reduced gradients, zeroing and the optimizer step
-// (Optimizer::StepIn) are kernels on the group's stream; only
+// (Optimizer::StepIn) are kernels on the group's device; only
 // LoadFromRank0's values and GatherFullParams' result cross to the host,
 // because the caller holds them there.
 //

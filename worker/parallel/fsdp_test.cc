@@ -293,8 +293,8 @@ TEST_P(FsdpMatchesLocalTraining, SgdAndAdam) {
     }
     return absl::OkStatus();
   });
-  const std::string what = absl::StrCat(
-      ShardingStrategyName(strategy), " world ", world, " prefetch ", depth);
+  const std::string what = absl::StrCat(ShardingStrategyName(strategy),
+                                        " world ", world, " prefetch ", depth);
   auto sgd = ReadFloats(sgd_path);
   ASSERT_TRUE(sgd.ok()) << sgd.status();
   ExpectClose(*sgd, TrainLocally(Opt::kSgd), what + " sgd");
@@ -330,8 +330,8 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<FsdpMatchesLocalTraining::ParamType>&
            info) {
       return absl::StrCat(ShardingStrategyName(std::get<0>(info.param)),
-                          "_world", std::get<1>(info.param),
-                          "_prefetch", std::get<2>(info.param));
+                          "_world", std::get<1>(info.param), "_prefetch",
+                          std::get<2>(info.param));
     });
 
 // Two backwards before one Step accumulate: the gradient shard is the sum

@@ -3,9 +3,9 @@
 // NCCL (ProcessGroup::device_memory()). Every allocation, copy and piece of
 // arithmetic DDP and FSDP do on those buffers goes through a GroupMemory,
 // so they are written once: on a device group each call is a
-// cudaMemcpyAsync, a cudaMemsetAsync or a kernel on the group's stream, in
-// order with its collectives, and no gradient or parameter is staged
-// through the host.
+// cudaMemcpyAsync, a cudaMemsetAsync or a kernel on a stream of the group's
+// device (not behind its collectives in flight: DeviceMemory's contract),
+// and no gradient or parameter is staged through the host.
 //
 //   GroupMemory memory(group->device_memory());
 //   GroupBuffer bucket = memory.Allocate(n).value();   // zeroed

@@ -50,7 +50,7 @@ class Optimizer {
 
   // The same step on `count` f32 at `params` and `grads` in `memory` (on
   // an NCCL group's device memory: the slot's state is allocated on the
-  // device and the update runs as a kernel on the group's stream, nothing
+  // device and the update runs as a kernel on the group's device, nothing
   // on the host). Step() is StepIn over host memory. A slot's state stays
   // in the memory of its first step: INVALID_ARGUMENT for a step of it in
   // another, or null buffers. The memory must outlive the optimizer.

@@ -251,6 +251,53 @@ class CudaCommunicator final : public NcclCommunicator {
                     "cudaMemsetAsync");
   }
 
+ private:
+  // Sets the device (the calling thread's current device may be another),
+  // maps the dtype and op, and makes the call.
+  template <typename Call>
+  absl::Status Enqueue(absl::string_view what, Dtype dtype, ReduceOp op,
+                       Call call) {
+    absl::StatusOr<ncclDataType_t> type = ToNcclDataType(dtype);
+    if (!type.ok()) return type.status();
+    absl::StatusOr<ncclRedOp_t> redop = ToNcclRedOp(op);
+    if (!redop.ok()) return redop.status();
+    absl::Status device = FromCuda(cudaSetDevice(device_), "cudaSetDevice");
+    if (!device.ok()) return device;
+    return FromNcclResult(call(*type, *redop), what, comm_);
+  }
+
+  const int device_;
+  const ncclComm_t comm_;
+  const cudaStream_t stream_;
+  bool aborted_ = false;
+};
+
+class CudaDeviceStream final : public DeviceStream {
+ public:
+  CudaDeviceStream(int device, cudaStream_t stream)
+      : device_(device), stream_(stream) {}
+  ~CudaDeviceStream() override {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Copy(void* dst, const void* src, size_t bytes,
+                    CopyKind kind) override {
+    cudaSetDevice(device_);
+    cudaMemcpyKind cuda_kind = cudaMemcpyDeviceToDevice;
+    if (kind == CopyKind::kHostToDevice) cuda_kind = cudaMemcpyHostToDevice;
+    if (kind == CopyKind::kDeviceToHost) cuda_kind = cudaMemcpyDeviceToHost;
+    return FromCuda(cudaMemcpyAsync(dst, src, bytes, cuda_kind, stream_),
+                    "cudaMemcpyAsync");
+  }
+
+  absl::Status Memset(void* dst, int value, size_t bytes) override {
+    cudaSetDevice(device_);
+    return FromCuda(cudaMemsetAsync(dst, value, bytes, stream_),
+                    "cudaMemsetAsync");
+  }
+
   absl::Status AddF32(float* dst, const float* src, size_t count) override {
     cudaSetDevice(device_);
     return FromCuda(static_cast<cudaError_t>(
@@ -277,25 +324,14 @@ class CudaCommunicator final : public NcclCommunicator {
         "the optimizer Update kernel");
   }
 
- private:
-  // Sets the device (the calling thread's current device may be another),
-  // maps the dtype and op, and makes the call.
-  template <typename Call>
-  absl::Status Enqueue(absl::string_view what, Dtype dtype, ReduceOp op,
-                       Call call) {
-    absl::StatusOr<ncclDataType_t> type = ToNcclDataType(dtype);
-    if (!type.ok()) return type.status();
-    absl::StatusOr<ncclRedOp_t> redop = ToNcclRedOp(op);
-    if (!redop.ok()) return redop.status();
-    absl::Status device = FromCuda(cudaSetDevice(device_), "cudaSetDevice");
-    if (!device.ok()) return device;
-    return FromNcclResult(call(*type, *redop), what, comm_);
+  absl::Status Synchronize() override {
+    cudaSetDevice(device_);
+    return FromCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
 
+ private:
   const int device_;
-  const ncclComm_t comm_;
   const cudaStream_t stream_;
-  bool aborted_ = false;
 };
 
 class CudaNcclApiImpl final : public NcclApi {
@@ -358,6 +394,17 @@ class CudaNcclApiImpl final : public NcclApi {
     }
     return std::unique_ptr<NcclCommunicator>(
         new CudaCommunicator(device, comm, stream));
+  }
+
+  absl::StatusOr<std::unique_ptr<DeviceStream>> NewStream(int device) override {
+    absl::Status set = FromCuda(cudaSetDevice(device), "cudaSetDevice");
+    if (!set.ok()) return set;
+    cudaStream_t stream;
+    absl::Status created =
+        FromCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                 "cudaStreamCreateWithFlags");
+    if (!created.ok()) return created;
+    return std::unique_ptr<DeviceStream>(new CudaDeviceStream(device, stream));
   }
 
   absl::StatusOr<void*> Alloc(int device, size_t bytes) override {

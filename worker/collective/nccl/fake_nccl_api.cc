@@ -333,54 +333,6 @@ class FakeCommunicator final : public NcclCommunicator {
     return absl::OkStatus();
   }
 
-  absl::Status AddF32(float* dst, const float* src, size_t count) override {
-    api_->Log(absl::StrCat("AddF32(count=", count, ")"));
-    for (const void* p :
-         {static_cast<const void*>(dst), static_cast<const void*>(src)}) {
-      if (absl::Status s = api_->CheckDevice("AddF32", p, count * 4); !s.ok()) {
-        return s;
-      }
-    }
-    for (size_t i = 0; i < count; ++i) dst[i] += src[i];
-    return absl::OkStatus();
-  }
-
-  absl::Status Convert(void* dst, Dtype dst_dtype, const void* src,
-                       Dtype src_dtype, size_t count, float scale) override {
-    api_->Log(absl::StrCat("Convert(count=", count, ", ", DtypeName(src_dtype),
-                           " to ", DtypeName(dst_dtype), ")"));
-    if (absl::Status s =
-            api_->CheckDevice("Convert", dst, count * DtypeSize(dst_dtype));
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s =
-            api_->CheckDevice("Convert", src, count * DtypeSize(src_dtype));
-        !s.ok()) {
-      return s;
-    }
-    // As the kernel: widen, scale in f32, narrow once.
-    ConvertFloats(dst_dtype, dst, src_dtype, src, count, scale);
-    return absl::OkStatus();
-  }
-
-  absl::Status Update(const ElementwiseUpdate& update) override {
-    api_->Log(absl::StrCat("Update(count=", update.count,
-                           ", rule=", static_cast<int>(update.rule), ")"));
-    const size_t bytes = update.count * sizeof(float);
-    for (const void* p : {static_cast<const void*>(update.params),
-                          static_cast<const void*>(update.grads),
-                          static_cast<const void*>(update.state0),
-                          static_cast<const void*>(update.state1)}) {
-      if (p == nullptr) continue;
-      if (absl::Status s = api_->CheckDevice("Update", p, bytes); !s.ok()) {
-        return s;
-      }
-    }
-    ApplyUpdateOnHost(update);
-    return absl::OkStatus();
-  }
-
  private:
   absl::Status Collective(FakeCall call) {
     api_->Log(absl::StrCat(call.kind, "(count=", call.count, ", ",
@@ -454,6 +406,98 @@ bool Hangs(FakeNcclApi* api) { return api->hanging(); }
 
 }  // namespace
 
+// A DeviceStream on the host: every call runs at once (nothing it does
+// waits for the communicators' collectives, as on a stream of its own), is
+// logged like a communicator's, and checks its pointers under
+// RequireDeviceMemory().
+class FakeDeviceStream final : public DeviceStream {
+ public:
+  explicit FakeDeviceStream(FakeNcclApi* api) : api_(api) {}
+
+  absl::Status Copy(void* dst, const void* src, size_t bytes,
+                    CopyKind kind) override {
+    api_->Log(absl::StrCat("Copy(", bytes, " bytes, ",
+                           kind == CopyKind::kHostToDevice   ? "host to device"
+                           : kind == CopyKind::kDeviceToHost ? "device to host"
+                                                             : "on device",
+                           ")"));
+    if (kind != CopyKind::kDeviceToHost) {
+      if (absl::Status s = api_->CheckDevice("Copy", dst, bytes); !s.ok()) {
+        return s;
+      }
+    }
+    if (kind != CopyKind::kHostToDevice) {
+      if (absl::Status s = api_->CheckDevice("Copy", src, bytes); !s.ok()) {
+        return s;
+      }
+    }
+    std::memmove(dst, src, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status Memset(void* dst, int value, size_t bytes) override {
+    api_->Log(absl::StrCat("Memset(", bytes, " bytes)"));
+    if (absl::Status s = api_->CheckDevice("Memset", dst, bytes); !s.ok()) {
+      return s;
+    }
+    std::memset(dst, value, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status AddF32(float* dst, const float* src, size_t count) override {
+    api_->Log(absl::StrCat("AddF32(count=", count, ")"));
+    for (const void* p :
+         {static_cast<const void*>(dst), static_cast<const void*>(src)}) {
+      if (absl::Status s = api_->CheckDevice("AddF32", p, count * 4); !s.ok()) {
+        return s;
+      }
+    }
+    for (size_t i = 0; i < count; ++i) dst[i] += src[i];
+    return absl::OkStatus();
+  }
+
+  absl::Status Convert(void* dst, Dtype dst_dtype, const void* src,
+                       Dtype src_dtype, size_t count, float scale) override {
+    api_->Log(absl::StrCat("Convert(count=", count, ", ", DtypeName(src_dtype),
+                           " to ", DtypeName(dst_dtype), ")"));
+    if (absl::Status s =
+            api_->CheckDevice("Convert", dst, count * DtypeSize(dst_dtype));
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            api_->CheckDevice("Convert", src, count * DtypeSize(src_dtype));
+        !s.ok()) {
+      return s;
+    }
+    // As the kernel: widen, scale in f32, narrow once.
+    ConvertFloats(dst_dtype, dst, src_dtype, src, count, scale);
+    return absl::OkStatus();
+  }
+
+  absl::Status Update(const ElementwiseUpdate& update) override {
+    api_->Log(absl::StrCat("Update(count=", update.count,
+                           ", rule=", static_cast<int>(update.rule), ")"));
+    const size_t bytes = update.count * sizeof(float);
+    for (const void* p : {static_cast<const void*>(update.params),
+                          static_cast<const void*>(update.grads),
+                          static_cast<const void*>(update.state0),
+                          static_cast<const void*>(update.state1)}) {
+      if (p == nullptr) continue;
+      if (absl::Status s = api_->CheckDevice("Update", p, bytes); !s.ok()) {
+        return s;
+      }
+    }
+    ApplyUpdateOnHost(update);
+    return absl::OkStatus();
+  }
+
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+ private:
+  FakeNcclApi* const api_;
+};
+
 FakeNcclApi::FakeNcclApi(std::shared_ptr<FakeNcclWorld> world, int devices)
     : world_(std::move(world)), devices_(devices) {}
 
@@ -513,6 +557,11 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> FakeNcclApi::InitRank(
   }
   return std::unique_ptr<NcclCommunicator>(
       new FakeCommunicator(this, world_.get(), state));
+}
+
+absl::StatusOr<std::unique_ptr<DeviceStream>> FakeNcclApi::NewStream(int) {
+  Log("NewStream");
+  return std::unique_ptr<DeviceStream>(new FakeDeviceStream(this));
 }
 
 absl::StatusOr<void*> FakeNcclApi::Alloc(int, size_t bytes) {

@@ -44,6 +44,7 @@ class FakeNcclApi final : public NcclApi {
   absl::StatusOr<std::unique_ptr<NcclCommunicator>> InitRank(
       int device, int nranks, int rank,
       absl::Span<const NcclUniqueId> ids) override;
+  absl::StatusOr<std::unique_ptr<DeviceStream>> NewStream(int device) override;
   absl::StatusOr<void*> Alloc(int device, size_t bytes) override;
   void Free(void* device_memory) override;
 
@@ -76,6 +77,7 @@ class FakeNcclApi final : public NcclApi {
 
  private:
   friend class FakeCommunicator;
+  friend class FakeDeviceStream;
   void Log(std::string call);
   // OK unless RequireDeviceMemory() and [p, p + bytes) is not inside one
   // allocation.

@@ -107,15 +107,31 @@ class NcclCommunicator {
   virtual absl::Status Copy(void* dst, const void* src, size_t bytes,
                             CopyKind kind) = 0;
   virtual absl::Status Memset(void* dst, int value, size_t bytes) = 0;
+};
 
-  // Element-wise kernels on the stream, over device memory (cuda_kernels.h
-  // in the real implementation): dst[i] += src[i] over `count` f32;
+// A CUDA stream of its own on one device, for memory work that must not
+// queue behind a communicator's collectives in flight (DeviceMemory: the
+// copies, zeroing and arithmetic of DDP and FSDP). Calls enqueue and
+// return; Synchronize() waits for all of them. Not thread-safe.
+class DeviceStream {
+ public:
+  // Destroys the stream (after the work enqueued on it).
+  virtual ~DeviceStream() = default;
+  // cudaMemcpyAsync / cudaMemsetAsync.
+  virtual absl::Status Copy(void* dst, const void* src, size_t bytes,
+                            CopyKind kind) = 0;
+  virtual absl::Status Memset(void* dst, int value, size_t bytes) = 0;
+  // The element-wise kernels (cuda_kernels.h in the real implementation):
+  // dst[i] += src[i] over `count` f32;
   virtual absl::Status AddF32(float* dst, const float* src, size_t count) = 0;
   // dst[i] = src[i] * scale between f32, f16 and bf16 (nearest even);
   virtual absl::Status Convert(void* dst, Dtype dst_dtype, const void* src,
                                Dtype src_dtype, size_t count, float scale) = 0;
   // one optimizer step (elementwise.h).
   virtual absl::Status Update(const ElementwiseUpdate& update) = 0;
+  // cudaStreamSynchronize: waits for everything enqueued; the error CUDA
+  // reports for it, if any.
+  virtual absl::Status Synchronize() = 0;
 };
 
 class NcclApi {
@@ -137,6 +153,11 @@ class NcclApi {
   // result's Ready().
   virtual absl::StatusOr<std::unique_ptr<NcclCommunicator>> InitRank(
       int device, int nranks, int rank, absl::Span<const NcclUniqueId> ids) = 0;
+
+  // A new DeviceStream on `device` (cudaStreamCreateWithFlags, not
+  // synchronizing with the legacy default stream).
+  virtual absl::StatusOr<std::unique_ptr<DeviceStream>> NewStream(
+      int device) = 0;
 
   // cudaMalloc / cudaFree of device memory on `device`.
   virtual absl::StatusOr<void*> Alloc(int device, size_t bytes) = 0;

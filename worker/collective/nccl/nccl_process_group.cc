@@ -555,6 +555,45 @@ absl::Status NcclProcessGroup::Memset(void* dst, int value, size_t bytes) {
       nullptr);
 }
 
+absl::Status NcclProcessGroup::Memory::Run(
+    absl::string_view what,
+    absl::FunctionRef<absl::Status(DeviceStream&)> enqueue) {
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stream_ == nullptr) {
+      absl::StatusOr<std::unique_ptr<DeviceStream>> created =
+          group_.api().NewStream(group_.device_);
+      if (created.ok()) {
+        stream_ = std::move(*created);
+      } else {
+        status = created.status();
+      }
+    }
+    if (status.ok()) status = enqueue(*stream_);
+    if (status.ok()) status = stream_->Synchronize();
+  }
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(what, " on ",
+                                   Where(group_.options_, group_.comm_name_,
+                                         group_.rank_, group_.size_),
+                                   ": ", status.message()));
+}
+
+absl::Status NcclProcessGroup::Memory::Copy(void* dst, const void* src,
+                                            size_t bytes, CopyKind kind) {
+  if (bytes == 0) return absl::OkStatus();
+  return Run(absl::StrCat("Copy of ", bytes, " bytes"),
+             [&](DeviceStream& s) { return s.Copy(dst, src, bytes, kind); });
+}
+
+absl::Status NcclProcessGroup::Memory::Zero(void* data, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  return Run(absl::StrCat("Zeroing ", bytes, " bytes"),
+             [&](DeviceStream& s) { return s.Memset(data, 0, bytes); });
+}
+
 absl::Status NcclProcessGroup::Memory::AddF32(float* dst, const float* src,
                                               size_t count) {
   if (count == 0) return absl::OkStatus();
@@ -562,10 +601,8 @@ absl::Status NcclProcessGroup::Memory::AddF32(float* dst, const float* src,
     return absl::InvalidArgumentError(
         absl::StrCat("AddF32 of ", count, " elements with a null buffer"));
   }
-  return group_.RunOnStream(
-      absl::StrCat("AddF32 of ", count, " elements"),
-      [&](NcclCommunicator& comm) { return comm.AddF32(dst, src, count); },
-      nullptr);
+  return Run(absl::StrCat("AddF32 of ", count, " elements"),
+             [&](DeviceStream& s) { return s.AddF32(dst, src, count); });
 }
 
 absl::Status NcclProcessGroup::Memory::Convert(BufferView dst, BufferView src,
@@ -580,14 +617,12 @@ absl::Status NcclProcessGroup::Memory::Convert(BufferView dst, BufferView src,
     return absl::InvalidArgumentError(
         absl::StrCat("Convert of ", dst.count, " elements with a null buffer"));
   }
-  return group_.RunOnStream(
-      absl::StrCat("Convert of ", dst.count, " ", DtypeName(src.dtype), " to ",
-                   DtypeName(dst.dtype)),
-      [&](NcclCommunicator& comm) {
-        return comm.Convert(dst.data, dst.dtype, src.data, src.dtype, dst.count,
-                            scale);
-      },
-      nullptr);
+  return Run(absl::StrCat("Convert of ", dst.count, " ", DtypeName(src.dtype),
+                          " to ", DtypeName(dst.dtype)),
+             [&](DeviceStream& s) {
+               return s.Convert(dst.data, dst.dtype, src.data, src.dtype,
+                                dst.count, scale);
+             });
 }
 
 absl::Status NcclProcessGroup::Memory::Update(const ElementwiseUpdate& update) {
@@ -600,9 +635,8 @@ absl::Status NcclProcessGroup::Memory::Update(const ElementwiseUpdate& update) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Update of ", update.count, " elements with a null buffer"));
   }
-  return group_.RunOnStream(
-      absl::StrCat("optimizer Update of ", update.count, " elements"),
-      [&](NcclCommunicator& comm) { return comm.Update(update); }, nullptr);
+  return Run(absl::StrCat("optimizer Update of ", update.count, " elements"),
+             [&](DeviceStream& s) { return s.Update(update); });
 }
 
 absl::StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::Split(

@@ -126,7 +126,8 @@ class NcclProcessGroup final : public ProcessGroup {
   // The NCCL and CUDA calls this group makes (for device memory: Alloc,
   // Free).
   NcclApi& api() const { return *options_.api; }
-  // Device memory on device(), copied on the group's stream (Copy).
+  // Device memory on device(); its copies and kernels run on a stream of
+  // their own (see Memory).
   DeviceMemory* device_memory() override { return &memory_; }
 
   std::shared_ptr<Work> Broadcast(BufferView buffer, int root) override;
@@ -168,8 +169,8 @@ class NcclProcessGroup final : public ProcessGroup {
   absl::Status WaitForStream(void* stream);
 
   // Copies `bytes` on the group's stream, in order with its ops, and waits
-  // for the copy (host and device memory alike; DDP and FSDP copy their
-  // buckets through it).
+  // for the copy (host and device memory alike). device_memory()'s copies
+  // instead run on a stream of their own, not behind the ops.
   absl::Status Copy(void* dst, const void* src, size_t bytes, CopyKind kind);
   absl::Status Memset(void* dst, int value, size_t bytes);
 
@@ -208,8 +209,10 @@ class NcclProcessGroup final : public ProcessGroup {
   class Transport;
   class Transfer;
 
-  // DeviceMemory over the api, Copy / Memset and the communicator's
-  // element-wise kernels, each run on the stream like a copy.
+  // DeviceMemory over the api and a DeviceStream of the group's own (not
+  // the communicator's): its copies, zeroing and kernels do not queue
+  // behind collectives in flight, which DDP and FSDP never let touch the
+  // same buffers. Each call enqueues and synchronizes that stream.
   class Memory final : public DeviceMemory {
    public:
     explicit Memory(NcclProcessGroup& group) : group_(group) {}
@@ -219,24 +222,30 @@ class NcclProcessGroup final : public ProcessGroup {
     void Free(void* data) override { group_.api().Free(data); }
     absl::Status CopyToDevice(void* dst, const void* src,
                               size_t bytes) override {
-      return group_.Copy(dst, src, bytes, CopyKind::kHostToDevice);
+      return Copy(dst, src, bytes, CopyKind::kHostToDevice);
     }
     absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
-      return group_.Copy(dst, src, bytes, CopyKind::kDeviceToHost);
+      return Copy(dst, src, bytes, CopyKind::kDeviceToHost);
     }
     absl::Status CopyOnDevice(void* dst, const void* src,
                               size_t bytes) override {
-      return group_.Copy(dst, src, bytes, CopyKind::kDeviceToDevice);
+      return Copy(dst, src, bytes, CopyKind::kDeviceToDevice);
     }
-    absl::Status Zero(void* data, size_t bytes) override {
-      return group_.Memset(data, 0, bytes);
-    }
+    absl::Status Zero(void* data, size_t bytes) override;
     absl::Status AddF32(float* dst, const float* src, size_t count) override;
     absl::Status Convert(BufferView dst, BufferView src, float scale) override;
     absl::Status Update(const ElementwiseUpdate& update) override;
 
    private:
+    absl::Status Copy(void* dst, const void* src, size_t bytes, CopyKind kind);
+    // Runs `enqueue` on the memory stream (created on first use) and
+    // waits for it; errors name `what` and the group.
+    absl::Status Run(absl::string_view what,
+                     absl::FunctionRef<absl::Status(DeviceStream&)> enqueue);
+
     NcclProcessGroup& group_;
+    absl::Mutex mu_;
+    std::unique_ptr<DeviceStream> stream_ ABSL_GUARDED_BY(mu_);
   };
 
   const std::shared_ptr<Store> store_;

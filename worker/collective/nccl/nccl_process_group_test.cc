@@ -518,6 +518,35 @@ TEST(NcclProcessGroup, CopiesGoThroughTheGroupsStream) {
   EXPECT_THAT(ranks.api(0).calls(), Contains("Copy(16 bytes, host to device)"));
 }
 
+// DDP and FSDP zero and add buffers while collectives on others are in
+// flight: that work runs on a stream of its own, not behind them.
+TEST(NcclProcessGroup, DeviceMemoryDoesNotWaitForCollectivesInFlight) {
+  Ranks ranks(2);
+  ASSERT_TRUE(ranks.ok());
+  NcclProcessGroup& g0 = ranks.group(0);
+  float* reduced = static_cast<float*>(*g0.api().Alloc(g0.device(), 16));
+  float* other = static_cast<float*>(*g0.api().Alloc(g0.device(), 16));
+  other[0] = 5;
+  // Rank 1 has not issued its all_reduce: rank 0's cannot complete yet.
+  std::shared_ptr<Work> pending =
+      g0.AllReduce(BufferView::Of(reduced, 4), ReduceOp::kSum);
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(g0.device_memory()->Zero(other, 16).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_EQ(other[0], 0.0f);
+  EXPECT_FALSE(pending->IsCompleted());
+  NcclProcessGroup& g1 = ranks.group(1);
+  float* theirs = static_cast<float*>(*g1.api().Alloc(g1.device(), 16));
+  ASSERT_TRUE(
+      g1.AllReduce(BufferView::Of(theirs, 4), ReduceOp::kSum)->Wait().ok());
+  EXPECT_TRUE(pending->Wait().ok());
+  EXPECT_THAT(ranks.api(0).calls(), Contains("NewStream"));
+  for (void* p : {static_cast<void*>(reduced), static_cast<void*>(other)}) {
+    g0.api().Free(p);
+  }
+  g1.api().Free(theirs);
+}
+
 TEST(NcclProcessGroup, DeviceMemoryKernelsRunOnTheStream) {
   Ranks ranks(1);
   ASSERT_TRUE(ranks.ok());

@@ -22,6 +22,9 @@ class NoCudaNcclApi final : public NcclApi {
       int, int, int, absl::Span<const NcclUniqueId>) override {
     return NoCuda();
   }
+  absl::StatusOr<std::unique_ptr<DeviceStream>> NewStream(int) override {
+    return NoCuda();
+  }
   absl::StatusOr<void*> Alloc(int, size_t) override { return NoCuda(); }
   void Free(void*) override {}
 };
