@@ -170,13 +170,18 @@ struct Fsdp::State {
         "); peers may be mid-collective, so recreate the group and Fsdp"));
   }
 
+  // Records a failure that leaves the ranks out of step (a collective, or
+  // memory that a collective needed) and returns it.
+  absl::Status Fail(absl::Status status) {
+    if (first_error.ok()) first_error = status;
+    return status;
+  }
+
   absl::Status Wait(const std::shared_ptr<Work>& work, absl::string_view what) {
     absl::Status status = work->Wait();
     if (status.ok()) return status;
-    status =
-        absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
-    if (first_error.ok()) first_error = status;
-    return status;
+    return Fail(absl::Status(status.code(),
+                             absl::StrCat(what, ": ", status.message())));
   }
 
   absl::Status CheckUnit(absl::string_view method, int unit) const {
@@ -203,13 +208,6 @@ struct Fsdp::State {
       }
     }
     return absl::OkStatus();
-  }
-
-  // Records a failure that leaves the ranks out of step (a collective, or
-  // memory that a collective needed) and returns it.
-  absl::Status Fail(absl::Status status) {
-    if (first_error.ok()) first_error = status;
-    return status;
   }
 
   // A zeroed buffer of `elements` f32, or the error naming what it was for.
