@@ -61,6 +61,24 @@ class CudaEvent final : public NcclEvent {
   const cudaEvent_t event_;
 };
 
+// cudaMemcpyAsync / cudaMemsetAsync on `stream` of `device`.
+absl::Status CopyOn(int device, cudaStream_t stream, void* dst, const void* src,
+                    size_t bytes, CopyKind kind) {
+  cudaSetDevice(device);
+  cudaMemcpyKind cuda_kind = cudaMemcpyDeviceToDevice;
+  if (kind == CopyKind::kHostToDevice) cuda_kind = cudaMemcpyHostToDevice;
+  if (kind == CopyKind::kDeviceToHost) cuda_kind = cudaMemcpyDeviceToHost;
+  return FromCuda(cudaMemcpyAsync(dst, src, bytes, cuda_kind, stream),
+                  "cudaMemcpyAsync");
+}
+
+absl::Status MemsetOn(int device, cudaStream_t stream, void* dst, int value,
+                      size_t bytes) {
+  cudaSetDevice(device);
+  return FromCuda(cudaMemsetAsync(dst, value, bytes, stream),
+                  "cudaMemsetAsync");
+}
+
 absl::StatusOr<cudaEvent_t> NewEvent() {
   cudaEvent_t event;
   absl::Status created =
@@ -237,18 +255,11 @@ class CudaCommunicator final : public NcclCommunicator {
 
   absl::Status Copy(void* dst, const void* src, size_t bytes,
                     CopyKind kind) override {
-    cudaSetDevice(device_);
-    cudaMemcpyKind cuda_kind = cudaMemcpyDeviceToDevice;
-    if (kind == CopyKind::kHostToDevice) cuda_kind = cudaMemcpyHostToDevice;
-    if (kind == CopyKind::kDeviceToHost) cuda_kind = cudaMemcpyDeviceToHost;
-    return FromCuda(cudaMemcpyAsync(dst, src, bytes, cuda_kind, stream_),
-                    "cudaMemcpyAsync");
+    return CopyOn(device_, stream_, dst, src, bytes, kind);
   }
 
   absl::Status Memset(void* dst, int value, size_t bytes) override {
-    cudaSetDevice(device_);
-    return FromCuda(cudaMemsetAsync(dst, value, bytes, stream_),
-                    "cudaMemsetAsync");
+    return MemsetOn(device_, stream_, dst, value, bytes);
   }
 
  private:
@@ -284,18 +295,11 @@ class CudaDeviceStream final : public DeviceStream {
 
   absl::Status Copy(void* dst, const void* src, size_t bytes,
                     CopyKind kind) override {
-    cudaSetDevice(device_);
-    cudaMemcpyKind cuda_kind = cudaMemcpyDeviceToDevice;
-    if (kind == CopyKind::kHostToDevice) cuda_kind = cudaMemcpyHostToDevice;
-    if (kind == CopyKind::kDeviceToHost) cuda_kind = cudaMemcpyDeviceToHost;
-    return FromCuda(cudaMemcpyAsync(dst, src, bytes, cuda_kind, stream_),
-                    "cudaMemcpyAsync");
+    return CopyOn(device_, stream_, dst, src, bytes, kind);
   }
 
   absl::Status Memset(void* dst, int value, size_t bytes) override {
-    cudaSetDevice(device_);
-    return FromCuda(cudaMemsetAsync(dst, value, bytes, stream_),
-                    "cudaMemsetAsync");
+    return MemsetOn(device_, stream_, dst, value, bytes);
   }
 
   absl::Status AddF32(float* dst, const float* src, size_t count) override {

@@ -305,32 +305,11 @@ class FakeCommunicator final : public NcclCommunicator {
 
   absl::Status Copy(void* dst, const void* src, size_t bytes,
                     CopyKind kind) override {
-    api_->Log(absl::StrCat("Copy(", bytes, " bytes, ",
-                           kind == CopyKind::kHostToDevice   ? "host to device"
-                           : kind == CopyKind::kDeviceToHost ? "device to host"
-                                                             : "on device",
-                           ")"));
-    if (kind != CopyKind::kDeviceToHost) {
-      if (absl::Status s = api_->CheckDevice("Copy", dst, bytes); !s.ok()) {
-        return s;
-      }
-    }
-    if (kind != CopyKind::kHostToDevice) {
-      if (absl::Status s = api_->CheckDevice("Copy", src, bytes); !s.ok()) {
-        return s;
-      }
-    }
-    std::memmove(dst, src, bytes);
-    return absl::OkStatus();
+    return api_->FakeCopy(dst, src, bytes, kind);
   }
 
   absl::Status Memset(void* dst, int value, size_t bytes) override {
-    api_->Log(absl::StrCat("Memset(", bytes, " bytes)"));
-    if (absl::Status s = api_->CheckDevice("Memset", dst, bytes); !s.ok()) {
-      return s;
-    }
-    std::memset(dst, value, bytes);
-    return absl::OkStatus();
+    return api_->FakeMemset(dst, value, bytes);
   }
 
  private:
@@ -416,32 +395,11 @@ class FakeDeviceStream final : public DeviceStream {
 
   absl::Status Copy(void* dst, const void* src, size_t bytes,
                     CopyKind kind) override {
-    api_->Log(absl::StrCat("Copy(", bytes, " bytes, ",
-                           kind == CopyKind::kHostToDevice   ? "host to device"
-                           : kind == CopyKind::kDeviceToHost ? "device to host"
-                                                             : "on device",
-                           ")"));
-    if (kind != CopyKind::kDeviceToHost) {
-      if (absl::Status s = api_->CheckDevice("Copy", dst, bytes); !s.ok()) {
-        return s;
-      }
-    }
-    if (kind != CopyKind::kHostToDevice) {
-      if (absl::Status s = api_->CheckDevice("Copy", src, bytes); !s.ok()) {
-        return s;
-      }
-    }
-    std::memmove(dst, src, bytes);
-    return absl::OkStatus();
+    return api_->FakeCopy(dst, src, bytes, kind);
   }
 
   absl::Status Memset(void* dst, int value, size_t bytes) override {
-    api_->Log(absl::StrCat("Memset(", bytes, " bytes)"));
-    if (absl::Status s = api_->CheckDevice("Memset", dst, bytes); !s.ok()) {
-      return s;
-    }
-    std::memset(dst, value, bytes);
-    return absl::OkStatus();
+    return api_->FakeMemset(dst, value, bytes);
   }
 
   absl::Status AddF32(float* dst, const float* src, size_t count) override {
@@ -557,6 +515,36 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> FakeNcclApi::InitRank(
   }
   return std::unique_ptr<NcclCommunicator>(
       new FakeCommunicator(this, world_.get(), state));
+}
+
+absl::Status FakeNcclApi::FakeCopy(void* dst, const void* src, size_t bytes,
+                                   CopyKind kind) {
+  Log(absl::StrCat("Copy(", bytes, " bytes, ",
+                   kind == CopyKind::kHostToDevice   ? "host to device"
+                   : kind == CopyKind::kDeviceToHost ? "device to host"
+                                                     : "on device",
+                   ")"));
+  if (kind != CopyKind::kDeviceToHost) {
+    if (absl::Status s = CheckDevice("Copy", dst, bytes); !s.ok()) {
+      return s;
+    }
+  }
+  if (kind != CopyKind::kHostToDevice) {
+    if (absl::Status s = CheckDevice("Copy", src, bytes); !s.ok()) {
+      return s;
+    }
+  }
+  std::memmove(dst, src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status FakeNcclApi::FakeMemset(void* dst, int value, size_t bytes) {
+  Log(absl::StrCat("Memset(", bytes, " bytes)"));
+  if (absl::Status s = CheckDevice("Memset", dst, bytes); !s.ok()) {
+    return s;
+  }
+  std::memset(dst, value, bytes);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<DeviceStream>> FakeNcclApi::NewStream(int) {

@@ -79,6 +79,11 @@ class FakeNcclApi final : public NcclApi {
   friend class FakeCommunicator;
   friend class FakeDeviceStream;
   void Log(std::string call);
+  // A copy or memset on the host, logged and checked as a stream's would
+  // be (communicators and DeviceStreams alike).
+  absl::Status FakeCopy(void* dst, const void* src, size_t bytes,
+                        CopyKind kind);
+  absl::Status FakeMemset(void* dst, int value, size_t bytes);
   // OK unless RequireDeviceMemory() and [p, p + bytes) is not inside one
   // allocation.
   absl::Status CheckDevice(absl::string_view call, const void* p, size_t bytes);
