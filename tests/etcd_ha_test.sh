@@ -112,25 +112,25 @@ WPID=$!
 sleep 1
 
 declare -A done_trials=([cohortd_leader]=0 [etcd_leader]=0 [etcd_stop]=0)
+# kill_leader cohortd|etcd: kill -9 that kind's current leader (if one is
+# known), restart it a moment later, and count the trial.
+kill_leader() {
+  local kind=$1 n
+  n=$("${kind}_leader")
+  [[ -n "$n" ]] || return 0
+  local -n pids="${kind}_pid"
+  kill -9 "${pids[$n]}"; wait "${pids[$n]}" 2>/dev/null
+  sleep "$(rand 0.2 0.8)"
+  "start_${kind}" "$n"
+  done_trials[${kind}_leader]=$((done_trials[${kind}_leader] + 1))
+}
 for t in $(seq "$TRIALS"); do
   sleep "$(rand 0.1 0.6)"
-  r=$(cohortd_leader)
-  if [[ -n "$r" ]]; then
-    kill -9 "${cohortd_pid[$r]}"; wait "${cohortd_pid[$r]}" 2>/dev/null
-    sleep "$(rand 0.2 0.8)"
-    start_cohortd "$r"
-    done_trials[cohortd_leader]=$((done_trials[cohortd_leader] + 1))
-  fi
+  kill_leader cohortd
   wait_leader >/dev/null || fail "trial $t: no cohortd leader 10 s after killing one"
 
   sleep "$(rand 0.1 0.6)"
-  i=$(etcd_leader)
-  if [[ -n "$i" ]]; then
-    kill -9 "${etcd_pid[$i]}"; wait "${etcd_pid[$i]}" 2>/dev/null
-    sleep "$(rand 0.2 0.8)"
-    start_etcd "$i"
-    done_trials[etcd_leader]=$((done_trials[etcd_leader] + 1))
-  fi
+  kill_leader etcd
   sleep "$(rand 0.5 1.0)"
 
   i=$((RANDOM % 3))
