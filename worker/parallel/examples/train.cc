@@ -39,6 +39,7 @@ ABSL_FLAG(int, samples, 16384, "Dataset size.");
 ABSL_FLAG(std::string, optimizer, "sgd", "sgd (with --momentum) or adam.");
 ABSL_FLAG(double, lr, 0.05, "Learning rate.");
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum.");
+ABSL_FLAG(double, adam_eps, 1e-8, "Adam's epsilon.");
 ABSL_FLAG(int, grad_accum, 1,
           "Micro-batches per step (DDP: all but the last under no_sync).");
 ABSL_FLAG(int, log_every, 1,
@@ -111,6 +112,7 @@ absl::Status Run() {
   config.optimizer = absl::GetFlag(FLAGS_optimizer);
   config.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
   config.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
+  config.adam_eps = static_cast<float>(absl::GetFlag(FLAGS_adam_eps));
   config.grad_accum = absl::GetFlag(FLAGS_grad_accum);
   config.log_every = absl::GetFlag(FLAGS_log_every);
   config.first_bucket_bytes =

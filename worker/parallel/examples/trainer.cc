@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainConfig& c) {
   if (c.optimizer == "sgd") {
     return NewSgd({.lr = c.lr, .momentum = c.momentum});
   }
-  if (c.optimizer == "adam") return NewAdam({.lr = c.lr});
+  if (c.optimizer == "adam") return NewAdam({.lr = c.lr, .eps = c.adam_eps});
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown optimizer '", c.optimizer, "'; expected sgd or adam"));
 }

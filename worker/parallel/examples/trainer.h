@@ -48,6 +48,8 @@ struct TrainConfig {
   std::string optimizer = "sgd";  // "sgd" (with momentum) or "adam".
   float lr = 0.05f;
   float momentum = 0.9f;
+  // Adam's epsilon, added to the root of the second moment (torch's 1e-8).
+  float adam_eps = 1e-8f;
   // Micro-batches per step. DDP runs all but the last under no_sync.
   int grad_accum = 1;
   // How often to compute (all_reduce) and report the global loss; the
