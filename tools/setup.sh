@@ -25,6 +25,9 @@ packages+=(python3-torch)
 # libtorch's C++ headers and libraries, pybind11 and Python's headers: the
 # torch.distributed backend "cohort" (worker/torch) is built against them.
 packages+=(libtorch-dev pybind11-dev python3-dev)
+# venv for the project's PyTorch 2.x environment (.venv, below), made from
+# Debian's python3 so that the 1.13 tests and the 2.x venv share one Python.
+packages+=(python3-venv)
 # Only needed for tools/fuzz.sh (clang's libFuzzer) and tools/faults.sh;
 # gcc's ASan, UBSan and TSan runtimes come with g++.
 if [[ "${COHORT_WITH_FUZZ:-0}" == 1 ]]; then
@@ -33,6 +36,8 @@ fi
 # npm installs buf (below), the third-party gRPC client the reflection test
 # drives cohortd with: Debian's, unless the machine has an npm already.
 command -v npm >/dev/null || packages+=(npm)
+# go installs grpcurl (below): the machine's own Go, else Debian's.
+command -v go >/dev/null || [[ -x /usr/local/go/bin/go ]] || packages+=(golang-go)
 # kubectl (its built-in kustomize) renders deploy/k8s's overlays in
 # //deploy:kustomize_test: Debian's, unless the machine has one already
 # (both would own /usr/bin/kubectl).
@@ -113,4 +118,21 @@ if ((missing_protos)); then
   done
   rm -rf "$scratch"
 fi
+
+# grpcurl, the gRPC command-line client cohort's design is inspected with
+# (tests/grpcurl_test.sh, the README's examples), built by `go install` from
+# the Go module proxy at a pinned version into $tools/bin.
+grpcurl_version=v1.9.3
+if [[ ! -x "$tools/bin/grpcurl" || "$(cat "$tools/bin/grpcurl.version" 2>/dev/null)" != "$grpcurl_version" ]]; then
+  echo "setup: installing grpcurl $grpcurl_version into $tools/bin"
+  go=$(command -v go || echo /usr/local/go/bin/go)
+  "${sudo_cmd[@]}" mkdir -p "$tools/bin"
+  "${sudo_cmd[@]}" env GOBIN="$tools/bin" GOFLAGS=-mod=mod GOTOOLCHAIN=local \
+    "$go" install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$grpcurl_version"
+  echo "$grpcurl_version" | "${sudo_cmd[@]}" tee "$tools/bin/grpcurl.version" >/dev/null
+fi
+
+# The project venv: PyTorch 2.x (pinned in tools/requirements.txt) and the
+# CUDA toolkit wheels the NCCL backend builds with (third_party/cuda.bzl).
+bash "$(dirname "$0")/venv.sh"
 echo "setup: done"
