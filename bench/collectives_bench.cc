@@ -1,5 +1,5 @@
 // collectives_bench: GlooProcessGroup's collectives under the load of
-// ../shared/bench/torch_gloo_bench.py, printed in the same fields (with
+// bench/baselines/torch_gloo_bench.py, printed in the same fields (with
 // "cohort-TRANSPORT" for "torch-gloo") so the two can be read side by side. It
 // prints figures and asserts no timing.
 //
@@ -313,7 +313,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "collectives_bench --world=N [--ops=all_reduce,...] [--sizes=4096,...]\n"
       "Times GlooProcessGroup's collectives over N forked ranks on loopback, "
-      "in the fields of ../shared/bench/torch_gloo_bench.py.");
+      "in the fields of bench/baselines/torch_gloo_bench.py.");
   absl::ParseCommandLine(argc, argv);
   if (absl::Status s = cohort::bench::Run(); !s.ok()) {
     std::fprintf(stderr, "collectives_bench: %s\n", s.ToString().c_str());

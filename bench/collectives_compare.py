@@ -2,7 +2,7 @@
 """collectives_bench beside torch-gloo, in one run, alternating, medians.
 
 Each round runs, one right after the other and for every --worlds:
-  ../shared/bench/torch_gloo_bench.py W        (torch's ProcessGroupGloo)
+  baselines/torch_gloo_bench.py W              (torch's ProcessGroupGloo)
   collectives_bench --world=W --transport=shm  (cohort, shared memory)
   collectives_bench --world=W --transport=tcp  (cohort, loopback TCP only)
 and the table gives each figure's median over the rounds, the speed ratio
@@ -12,8 +12,13 @@ collectives_bench in the same run). reduce_scatter reads against torch's
 all_reduce of the same bytes (torch's Gloo backend has no reduce_scatter).
 It prints figures and asserts nothing.
 
+The torch side runs under --python: /usr/bin/python3 (Debian's PyTorch
+1.13) by default, or e.g. .venv/bin/python for PyTorch 2.x; the output
+names the torch version that ran.
+
   bazel build //bench:collectives_bench
   bench/collectives_compare.py --rounds=5 --worlds=2,4
+  bench/collectives_compare.py --rounds=5 --worlds=2,4 --python=.venv/bin/python
 """
 import argparse
 import collections
@@ -29,8 +34,10 @@ MEMCPY = re.compile(r"^memcpy bytes=\s*\d+ GBps=\s*([\d.]+)")
 
 
 def run(cmd, figures, memcpy):
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    for line in out.splitlines():
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"collectives_compare: {' '.join(cmd)} exited with {done.returncode}:\n{done.stderr}")
+    for line in done.stdout.splitlines():
         m = LINE.match(line)
         if m:
             label, op, world, nbytes = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
@@ -45,24 +52,34 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--worlds", default="2")
-    p.add_argument("--torch_script", default=os.path.join(root, "..", "shared", "bench", "torch_gloo_bench.py"))
+    p.add_argument("--python", default="/usr/bin/python3",
+                   help="the interpreter, hence the PyTorch, that runs --torch_script")
+    p.add_argument("--torch_script", default=os.path.join(root, "bench", "baselines", "torch_gloo_bench.py"))
     p.add_argument("--bench", default=os.path.join(root, "bazel-bin", "bench", "collectives_bench"))
     p.add_argument("--ops", default="all_reduce,all_gather,broadcast,reduce_scatter")
     a = p.parse_args()
     worlds = [int(w) for w in a.worlds.split(",")]
     for path in (a.torch_script, a.bench):
         if not os.path.exists(path):
-            sys.exit(f"collectives_compare: {path} does not exist (bazel build //bench:collectives_bench; "
-                     f"../shared/bench beside the repository)")
+            sys.exit(f"collectives_compare: {path} does not exist (bazel build //bench:collectives_bench)")
+    try:
+        version = subprocess.run([a.python, "-c", "import torch; print(torch.__version__)"],
+                                 capture_output=True, text=True)
+    except OSError as e:
+        sys.exit(f"collectives_compare: --python={a.python}: {e}")
+    if version.returncode != 0:
+        sys.exit(f"collectives_compare: {a.python} cannot import torch:\n{version.stderr}")
+    torch_version = version.stdout.strip()
     figures = collections.defaultdict(list)
     memcpy = []
     for r in range(a.rounds):
         for w in worlds:
-            run(["/usr/bin/python3", a.torch_script, str(w)], figures, memcpy)
+            run([a.python, a.torch_script, str(w)], figures, memcpy)
             for t in ("shm", "tcp"):
                 run([a.bench, f"--world={w}", f"--transport={t}", f"--ops={a.ops}"], figures, memcpy)
         print(f"round {r + 1} of {a.rounds} done", file=sys.stderr, flush=True)
     limit = statistics.median(memcpy)
+    print(f"torch: {torch_version} ({a.python})")
     print(f"memcpy (one thread, 64 MiB): {limit:.2f} GB/s, median of {len(memcpy)} runs")
     print(f"medians of {a.rounds} rounds; speed = torch time / cohort time")
     print(f"{'op':<15}{'world':>6}{'bytes':>10}{'torch_us':>11}{'shm_us':>10}{'speed':>7}"

@@ -1,5 +1,5 @@
 // store_bench: cohortd's KV store under the loads of
-// ../shared/bench/torch_store_bench.py (--mode=ops) and
+// bench/baselines/torch_store_bench.py (--mode=ops) and
 // torch_init_storm.py (--mode=init_storm), printed in the same fields so the
 // two can be read side by side. It prints figures and asserts none.
 //

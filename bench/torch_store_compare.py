@@ -1,23 +1,31 @@
 #!/usr/bin/python3
-"""The same torch.distributed.TCPStore client code (PyTorch 1.13, Debian's
-python3-torch) against (a) torch's own TCPStore server, hosted by a separate
-python process, and (b) cohortd's TCPStore listener (--engine=rocksdb on a
-temporary data dir, so every write is durable), one after the other, for
-several rounds. Prints every round's figures and a markdown table of
-medians with the ratio cohort/torch.
+"""The same torch.distributed.TCPStore client code against (a) torch's own
+TCPStore server, hosted by a separate python process
+(baselines/torch_tcpstore.py), and (b) cohortd's TCPStore listener
+(--engine=rocksdb on a temporary data dir, so every write is durable), one
+after the other, for several rounds. Prints every round's figures and a
+markdown table of medians with the ratio cohort/torch.
 
-Workloads, in the shapes of ../shared/bench/torch_store_bench.py and
-torch_init_storm.py:
+PyTorch: that of --python, /usr/bin/python3 by default (Debian's
+python3-torch, 1.13); --python=.venv/bin/python runs it all on PyTorch 2.x
+(the script runs itself again under that interpreter, so the clients and
+torch's server share one torch). The first lines name the torch version and
+which of torch's servers ran (2.x: libuv by default, --use_libuv=0 the
+legacy one).
+
+Workloads, in the shapes of baselines/torch_store_bench.py and
+baselines/torch_init_storm.py:
   set / get / add   C client processes (1 and 8), each its own TCPStore;
                     ops timed from a start event; ops/s = all ops / wall.
-                    1.13's set has no reply, so each set client ends with
+                    TCPStore's set has no reply, so each set client ends with
                     one num_keys() round trip: its sets were all served.
   init storm N      N ranks as threads of one process, each its own
                     TCPStore client: add('arrived'), set('addr/<r>', 64 B),
                     wait for every addr, get every addr (N^2 gets); wall s.
 
 Usage: bench/torch_store_compare.py bazel-bin/server/cohortd [--rounds=3]
-       [--ops=5000] [--storm=256,1024] [--quick]
+       [--ops=5000] [--storm=256,1024] [--quick] [--python=.venv/bin/python]
+       [--use_libuv=0|1]
 """
 import argparse
 import multiprocessing as mp
@@ -32,31 +40,17 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import timedelta
 
-import torch.distributed as dist
-
-PYTHON = "/usr/bin/python3"
+BASELINES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "baselines")
 VALUE_BYTES = 64
-SERVING = re.compile(r"serving the TCPStore protocol on 127\.0\.0\.1:(\d+)")
-
-# Torch's server in its own process, so neither side shares the GIL with
-# the clients.
-TORCH_SERVER = """
-import signal, sys
-from datetime import timedelta
-import torch.distributed as dist
-s = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                  timeout=timedelta(seconds=600))
-print(f"serving the TCPStore protocol on 127.0.0.1:{s.port}", file=sys.stderr, flush=True)
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-while True:
-    signal.pause()
-"""
+SERVING = re.compile(r"serving the TCPStore protocol on 127\.0\.0\.1:(\d+)(?: \((.*)\))?")
 
 
 class Server:
-    def __init__(self, kind, cohortd, workdir):
+    """cohortd, or torch's server in a process of its own (so that neither
+    side shares the GIL with the clients)."""
+
+    def __init__(self, kind, cohortd, workdir, use_libuv=None):
         self.kind = kind
         self.dir = tempfile.mkdtemp(prefix=f"{kind}-", dir=workdir)
         self.log_path = os.path.join(self.dir, "server.log")
@@ -64,7 +58,9 @@ class Server:
             cmd = [cohortd, "--listen=127.0.0.1:0", "--tcpstore_listen=127.0.0.1:0",
                    "--engine=rocksdb", f"--data_dir={os.path.join(self.dir, 'data')}"]
         else:
-            cmd = [PYTHON, "-c", TORCH_SERVER]
+            cmd = [sys.executable, os.path.join(BASELINES, "torch_tcpstore.py")]
+            if use_libuv is not None:
+                cmd.append(f"--use_libuv={use_libuv}")
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
@@ -73,6 +69,7 @@ class Server:
                 m = SERVING.search(f.read())
             if m:
                 self.port = int(m.group(1))
+                self.description = m.group(2)
                 return
             if self.proc.poll() is not None:
                 break
@@ -93,7 +90,7 @@ class Server:
 
 
 def connect(port):
-    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=600))
+    return torch_tcpstore.client(port)
 
 
 def op_client(port, idx, n, op, q, start_evt):
@@ -108,7 +105,7 @@ def op_client(port, idx, n, op, q, start_evt):
     if op == "set":
         for i in range(n):
             s.set(f"k{idx}_{i}", val)
-        s.num_keys()  # set has no reply in 1.13: one round trip drains them
+        s.num_keys()  # set has no reply: one round trip drains them
     elif op == "get":
         for i in range(n):
             s.get(f"k{idx}_{i}")
@@ -231,12 +228,30 @@ def main():
     ap.add_argument("--storm", default="256,1024", help="init storm rank counts")
     ap.add_argument("--storm_procs", default="1",
                     help="client processes to spread each storm's ranks over "
-                         "(1: threads of one process, as ../shared/bench/torch_init_storm.py)")
+                         "(1: threads of one process, as baselines/torch_init_storm.py)")
     ap.add_argument("--backends", default="torch,cohort",
                     help="which servers to run (torch alone needs no cohortd)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: 1 round, 500 ops, storm of 64")
+    ap.add_argument("--python", default="/usr/bin/python3",
+                    help="the interpreter whose PyTorch runs the clients and torch's server "
+                         "(/usr/bin/python3: Debian's 1.13; .venv/bin/python: 2.x)")
+    ap.add_argument("--use_libuv", type=int, choices=(0, 1), default=None,
+                    help="torch 2.x: which server torch's side runs (1 libuv, 0 legacy); "
+                         "left out, torch's default")
     args = ap.parse_args()
+    python = shutil.which(args.python)
+    if python is None:
+        sys.exit(f"torch_store_compare: --python={args.python} is not an interpreter here")
+    if os.path.abspath(python) != os.path.abspath(sys.executable):
+        if os.environ.get("TORCH_STORE_COMPARE_REEXEC"):
+            sys.exit(f"running under {sys.executable}, not {python}")
+        os.environ["TORCH_STORE_COMPARE_REEXEC"] = "1"
+        os.execv(python, [python, os.path.abspath(__file__)] + sys.argv[1:])
+    # Imported only now, so that the torch is --python's.
+    global torch_tcpstore
+    sys.path.insert(0, BASELINES)
+    import torch_tcpstore
     if args.quick:
         args.rounds, args.ops, args.storm = 1, 500, "64"
     backends = args.backends.split(",")
@@ -257,11 +272,16 @@ def main():
     results = {(name, kind): [] for name, _ in rows for kind in ("torch", "cohort")}
     print(f"# {args.rounds} round(s), {args.ops} ops per client, {VALUE_BYTES} B values, "
           f"{os.cpu_count()} cores; cohortd: {cohortd} --engine=rocksdb", flush=True)
+    print(f"# clients: torch {torch_tcpstore.torch.__version__} ({sys.executable})", flush=True)
+    torch_side = None
     try:
         for rnd in range(args.rounds):
             order = ("torch", "cohort") if rnd % 2 == 0 else ("cohort", "torch")
             for kind in (k for k in order if k in backends):
-                server = Server(kind, cohortd, workdir)
+                server = Server(kind, cohortd, workdir, args.use_libuv)
+                if kind == "torch" and torch_side is None:
+                    torch_side = server.description
+                    print(f"# torch's server: {torch_side}", flush=True)
                 try:
                     for c in clients:
                         for op in ("set", "get", "add"):
@@ -282,7 +302,7 @@ def main():
         shutil.rmtree(workdir, ignore_errors=True)
 
     print()
-    print(f"| workload | unit | torch TCPStore (median of {args.rounds}) | "
+    print(f"| workload | unit | {torch_side or 'torch TCPStore'} (median of {args.rounds}) | "
           f"cohortd --engine=rocksdb | cohort/torch |")
     print("| --- | --- | ---: | ---: | ---: |")
     for name, unit in rows:
