@@ -123,13 +123,13 @@ fi
 # (tests/grpcurl_test.sh, the README's examples), built by `go install` from
 # the Go module proxy at a pinned version into $tools/bin.
 grpcurl_version=v1.9.3
-if [[ ! -x "$tools/bin/grpcurl" || "$(cat "$tools/bin/grpcurl.version" 2>/dev/null)" != "$grpcurl_version" ]]; then
+if [[ "$("$tools/bin/grpcurl" -version 2>&1)" != "grpcurl $grpcurl_version" ]]; then
   echo "setup: installing grpcurl $grpcurl_version into $tools/bin"
   go=$(command -v go || echo /usr/local/go/bin/go)
   "${sudo_cmd[@]}" mkdir -p "$tools/bin"
   "${sudo_cmd[@]}" env GOBIN="$tools/bin" GOFLAGS=-mod=mod GOTOOLCHAIN=local \
-    "$go" install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$grpcurl_version"
-  echo "$grpcurl_version" | "${sudo_cmd[@]}" tee "$tools/bin/grpcurl.version" >/dev/null
+    "$go" install -ldflags "-X main.version=$grpcurl_version" \
+    "github.com/fullstorydev/grpcurl/cmd/grpcurl@$grpcurl_version"
 fi
 
 # The project venv: PyTorch 2.x (pinned in tools/requirements.txt) and the
