@@ -40,19 +40,27 @@ TEST(DeadlineTimerTest, RunsInDeadlineOrder) {
 TEST(DeadlineTimerTest, CancelledCallbackNeverRuns) {
   DeadlineTimer timer;
   std::atomic<bool> ran{false};
-  auto id =
-      timer.Schedule(absl::Now() + absl::Milliseconds(30), [&] { ran = true; });
+  const absl::Time now = absl::Now();
+  auto id = timer.Schedule(now + absl::Milliseconds(30), [&] { ran = true; });
   EXPECT_TRUE(timer.Cancel(id));
   EXPECT_FALSE(timer.Cancel(id));
-  absl::SleepFor(absl::Milliseconds(80));
+  // Callbacks run in deadline order on one thread: once a later one has
+  // run, the cancelled one would have run before it.
+  absl::Notification later;
+  timer.Schedule(now + absl::Milliseconds(60), [&] { later.Notify(); });
+  later.WaitForNotification();
   EXPECT_FALSE(ran);
 }
 
 TEST(DeadlineTimerTest, PastDeadlineRunsAtOnce) {
   DeadlineTimer timer;
+  // Pending first: the timer thread may already sleep until its deadline.
+  timer.Schedule(absl::Now() + absl::Hours(1), [] { std::abort(); });
   absl::Notification done;
   timer.Schedule(absl::Now() - absl::Seconds(1), [&] { done.Notify(); });
-  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(1)));
+  // Runs without waiting for the hour: a timer that slept on or dropped it
+  // hangs here until the test's timeout.
+  done.WaitForNotification();
 }
 
 int Threads() {

@@ -3,13 +3,12 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 
 namespace cohort::base {
 
 void LogLimiter::Log(absl::string_view line) {
   if (!sink_) return;
-  const absl::Time now = absl::Now();
+  const absl::Time now = now_();
   if (now - last_ < every_) {
     ++left_out_;
     return;

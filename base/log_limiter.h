@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace cohort::base {
@@ -21,8 +22,10 @@ namespace cohort::base {
 class LogLimiter {
  public:
   // A null `sink` drops every line. `every` zero passes every line on.
-  LogLimiter(std::function<void(absl::string_view)> sink, absl::Duration every)
-      : sink_(std::move(sink)), every_(every) {}
+  // `now` is the clock the interval is measured on (tests pass their own).
+  LogLimiter(std::function<void(absl::string_view)> sink, absl::Duration every,
+             std::function<absl::Time()> now = absl::Now)
+      : sink_(std::move(sink)), every_(every), now_(std::move(now)) {}
 
   // Passes `line` to the sink unless one was passed on less than `every`
   // ago; then it only counts it. A line passed on after some were counted
@@ -32,6 +35,7 @@ class LogLimiter {
  private:
   const std::function<void(absl::string_view)> sink_;
   const absl::Duration every_;
+  const std::function<absl::Time()> now_;
   absl::Time last_ = absl::InfinitePast();
   uint64_t left_out_ = 0;
 };
