@@ -10,9 +10,14 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// Leases and barriers that only the mechanism under test may end: ten
+// minutes (a test that wants one to expire passes its own).
+constexpr int64_t kLongMs = 10 * 60 * 1000;
+
 class MembershipTest : public ::testing::Test {
  protected:
-  int64_t Join(const std::string& name, int rank, int64_t interval_ms = 1000) {
+  int64_t Join(const std::string& name, int rank,
+               int64_t interval_ms = kLongMs) {
     v1::JoinGroupRequest req;
     req.set_group("job");
     req.set_name(name);
@@ -30,7 +35,8 @@ class MembershipTest : public ::testing::Test {
     absl::StatusOr<int64_t> result;
   };
   Arrival& Arrive(const std::string& name, int64_t incarnation,
-                  const std::string& id, int64_t timeout_ms = 10000) {
+                  const std::string& id, int64_t timeout_ms = kLongMs,
+                  const std::vector<std::string>& participants = {}) {
     auto& a = arrivals_.emplace_back(std::make_unique<Arrival>());
     Arrival* raw = a.get();
     v1::BarrierRequest req;
@@ -39,6 +45,7 @@ class MembershipTest : public ::testing::Test {
     req.set_name(name);
     req.set_incarnation(incarnation);
     req.set_timeout_ms(timeout_ms);
+    for (const std::string& p : participants) req.add_participants(p);
     members_.Barrier(req, [raw](absl::StatusOr<int64_t> r) {
       raw->result = r;
       raw->done.Notify();
@@ -61,29 +68,69 @@ class MembershipTest : public ::testing::Test {
   Membership members_{&store_, absl::Milliseconds(10)};
 };
 
-TEST_F(MembershipTest, MissedHeartbeatsFailAMember) {
-  const int64_t a = Join("a", 0, 50);
-  Join("b", 1, 1000);
-  EXPECT_THAT(Live(), ::testing::ElementsAre("a", "b"));
-  for (int i = 0; i < 5; ++i) {
-    v1::HeartbeatRequest hb;
-    hb.set_group("job");
-    hb.set_name("a");
-    hb.set_incarnation(a);
-    ASSERT_TRUE(members_.Heartbeat(hb).ok());
-    absl::SleepFor(absl::Milliseconds(40));
-  }
-  EXPECT_THAT(Live(), ::testing::ElementsAre("a", "b"));
-  EXPECT_EQ(members_.stats().members_alive, 2u);
-  absl::SleepFor(absl::Milliseconds(250));
-  EXPECT_THAT(Live(), ::testing::ElementsAre("b"));
-  EXPECT_EQ(members_.stats().members_alive, 1u);
-  EXPECT_EQ(members_.stats().members_failed, 1u);
+absl::Status Heartbeat(Membership& members, int64_t incarnation) {
   v1::HeartbeatRequest hb;
   hb.set_group("job");
   hb.set_name("a");
-  hb.set_incarnation(a);
-  EXPECT_EQ(members_.Heartbeat(hb).code(), absl::StatusCode::kNotFound);
+  hb.set_incarnation(incarnation);
+  return members.Heartbeat(hb);
+}
+
+TEST_F(MembershipTest, MissedHeartbeatsFailAMember) {
+  // a's lease is 3 x 100 ms; b's outlasts the test.
+  constexpr int64_t kIntervalMs = 100;
+  const absl::Duration lease = absl::Milliseconds(3 * kIntervalMs);
+  Join("b", 1);
+  // Heartbeats keep a alive past its first lease. Each one is checked only
+  // where it must have found a alive: when it returned less than a lease
+  // after the one before it was sent (a lease is counted from inside each
+  // call). On a machine that stalls this thread longer than that, a may
+  // rightly be failed: then a joins again and the attempt starts over.
+  int64_t a = 0;
+  absl::Time last_sent;
+  uint64_t failed_before = 0;
+  for (int attempt = 0;; ++attempt) {
+    ASSERT_LT(attempt, 100) << "this thread was stalled for a whole lease "
+                               "in each of 100 attempts";
+    failed_before = members_.stats().members_failed;
+    last_sent = absl::Now();
+    a = Join("a", 0, kIntervalMs);
+    const absl::Time joined = last_sent;
+    bool outlived_lease = false;
+    for (;;) {
+      absl::SleepFor(absl::Milliseconds(10));
+      const absl::Time sent = absl::Now();
+      const absl::Status beat = Heartbeat(members_, a);
+      const absl::Time returned = absl::Now();
+      const bool must_be_alive = returned - last_sent < lease;
+      if (!beat.ok()) {
+        ASSERT_FALSE(must_be_alive)
+            << "a heartbeat that returned within a lease of when the one "
+               "before it was sent found a failed: "
+            << beat;
+        break;
+      }
+      last_sent = sent;
+      if (sent - joined > 2 * lease) {
+        outlived_lease = true;
+        break;
+      }
+    }
+    if (outlived_lease) break;
+  }
+  EXPECT_THAT(Live(), ::testing::ElementsAre("a", "b"));
+  EXPECT_EQ(members_.stats().members_alive, 2u);
+  // Without heartbeats a is failed, once its lease has run out.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (Live().size() != 1 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_GE(absl::Now() - last_sent, lease);
+  EXPECT_THAT(Live(), ::testing::ElementsAre("b"))
+      << "a was not failed 30 s after its last heartbeat";
+  EXPECT_EQ(members_.stats().members_alive, 1u);
+  EXPECT_EQ(members_.stats().members_failed, failed_before + 1);
+  EXPECT_EQ(Heartbeat(members_, a).code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(MembershipTest, RejoinGetsANewIncarnation) {
@@ -139,18 +186,26 @@ TEST_F(MembershipTest, DeadOrErringParticipantAbortsTheBarrier) {
   (void)b;
 
   const int64_t c = Join("c", 2);
-  Arrival& next = Arrive("a", a, "other");
   // A barrier started with a dead member aborts at once.
+  Arrival& next = Arrive("a", a, "other", kLongMs, {"a", "b"});
   ASSERT_TRUE(next.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(next.result.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(next.result.status().message(),
+              HasSubstr("rank 1 (host-b) is not a live member"));
 
-  Arrival& third = Arrive("a", a, "third", 10000);
-  (void)third;
+  // One of the live members (a and c) reports an error.
+  Arrival& third = Arrive("a", a, "third");
   v1::ReportErrorRequest err;
   err.set_group("job");
   err.set_name("c");
   err.set_incarnation(c);
   err.set_message("CUDA out of memory");
   ASSERT_TRUE(members_.ReportError(err).ok());
+  ASSERT_TRUE(third.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(third.result.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(
+      third.result.status().message(),
+      HasSubstr("rank 2 (host-c) reported an error: CUDA out of memory"));
 }
 
 TEST_F(MembershipTest, ReportedErrorAbortsPendingBarriers) {

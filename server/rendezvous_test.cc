@@ -30,7 +30,9 @@ class RendezvousTest : public ::testing::Test {
     req.set_local_world_size(local);
     req.set_min_nodes(min);
     req.set_max_nodes(max);
-    req.set_join_timeout_ms(10000);
+    // Ten minutes: no join here ends by timing out unless its test says
+    // so, however slowly the test runs.
+    req.set_join_timeout_ms(10 * 60 * 1000);
     req.set_last_call_timeout_ms(100);
     return req;
   }
@@ -52,12 +54,18 @@ class RendezvousTest : public ::testing::Test {
 };
 
 TEST_F(RendezvousTest, CompletesAtMaxNodesWithDistinctRanks) {
-  Joiner& c = Join(Request("c", 2, 3, 1));
-  Joiner& a = Join(Request("a", 2, 3, 2));
+  // A last call that outlasts the test: only the third node completes it.
+  auto request = [&](const std::string& node, int local) {
+    v1::JoinRequest req = Request(node, 2, 3, local);
+    req.set_last_call_timeout_ms(10 * 60 * 1000);
+    return req;
+  };
+  Joiner& c = Join(request("c", 1));
+  Joiner& a = Join(request("a", 2));
   EXPECT_FALSE(a.done.HasBeenNotified());
   EXPECT_EQ(rdzv_.stats().waiting_nodes, 2u);
   EXPECT_EQ(rdzv_.stats().rounds_completed, 0u);
-  Joiner& b = Join(Request("b", 2, 3, 4));
+  Joiner& b = Join(request("b", 4));
   for (Joiner* j : {&a, &b, &c}) {
     ASSERT_TRUE(j->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
     ASSERT_TRUE(j->result.ok()) << j->result.status();
