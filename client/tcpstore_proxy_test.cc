@@ -120,16 +120,14 @@ class FakeCohortd {
     return namespaces_;
   }
   // What each closed connection sent after its hello, in closing order,
-  // once `n` have closed (fewer after 5 s).
+  // once `n` have closed (fewer if they have not after 30 s: a proxy that
+  // never closes them).
   std::vector<std::string> Finished(size_t n) {
-    for (int i = 0; i < 500; ++i) {
-      {
-        absl::MutexLock lock(&mu_);
-        if (finished_.size() >= n) break;
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    }
     absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return finished_.size() >= n;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30));
     return finished_;
   }
 
@@ -268,15 +266,20 @@ TEST_F(TcpStoreProxyTest, ClosingEitherSideClosesTheOther) {
   SendAll(fd, "bye");
   EXPECT_TRUE(Closed(fd));
   close(fd);
-  for (int i = 0; i < 100 && proxy->stats().open > 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
+  // The proxy notices the close on its own thread: wait for it (giving up
+  // after 30 s only so that a proxy that never does fails here).
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (proxy->stats().open > 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
   }
   EXPECT_EQ(proxy->stats().open, 0u);
   EXPECT_EQ(proxy->stats().accepted, 2u);
 }
 
 TEST_F(TcpStoreProxyTest, WaitsForCohortdToListen) {
-  auto proxy = StartProxy();
+  // A connect timeout longer than the test: the proxy waits, however long
+  // this thread takes to start listening.
+  auto proxy = StartProxy(absl::Minutes(10));
   // cohortd's port refuses connections for a while (cohortd restarting);
   // what the worker sends meanwhile waits in its socket.
   const int fd = Connect(proxy->port());

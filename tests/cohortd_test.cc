@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/remote_store.h"
@@ -33,6 +34,69 @@ std::string FreshDir(const std::string& name) {
   auto dir = std::filesystem::path(::testing::TempDir()) / name;
   std::filesystem::remove_all(dir);
   return dir.string();
+}
+
+// Polls `done` until it holds; false once `give_up` passed, which only a
+// broken cohortd reaches (the caller's assertion then says what it was).
+template <typename Condition>
+bool Eventually(Condition done, absl::Duration give_up = absl::Seconds(60)) {
+  const absl::Time until = absl::Now() + give_up;
+  while (!done()) {
+    if (absl::Now() > until) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+// How many times `what` occurs in `text`.
+int Occurrences(absl::string_view text, absl::string_view what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != absl::string_view::npos;
+       at = text.find(what, at + what.size())) {
+    ++n;
+  }
+  return n;
+}
+
+// The value of the gauge `name` in cohortd's /metrics (started with
+// --metrics_listen=127.0.0.1:0), or -1 if it could not be read.
+int64_t Gauge(CohortdProcess& server, absl::string_view name) {
+  const std::string kMarker = "serving Prometheus metrics on http://127.0.0.1:";
+  const std::string log = server.Log();
+  const size_t at = log.find(kMarker);
+  if (at == std::string::npos) return -1;
+  const size_t begin = at + kMarker.size();
+  int port = 0;
+  if (!absl::SimpleAtoi(log.substr(begin, log.find('/', begin) - begin),
+                        &port)) {
+    return -1;
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string reply;
+  if (connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) ==
+      0) {
+    const std::string get = "GET /metrics HTTP/1.0\r\n\r\n";
+    if (write(fd, get.data(), get.size()) == static_cast<ssize_t>(get.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) {
+        reply.append(buf, n);
+      }
+    }
+  }
+  close(fd);
+  const std::string line = absl::StrCat("\n", name, " ");
+  const size_t found = reply.find(line);
+  int64_t value = -1;
+  if (found != std::string::npos) {
+    const size_t begin = found + line.size();
+    absl::SimpleAtoi(reply.substr(begin, reply.find('\n', begin) - begin),
+                     &value);
+  }
+  return value;
 }
 
 std::unique_ptr<RemoteStore> Client(const std::string& address) {
@@ -111,7 +175,8 @@ TEST(CohortdTest, ClientsRideThroughARestart) {
 }
 
 TEST(CohortdTest, TwoThousandBlockedGetsHoldNoThreads) {
-  auto server = CohortdProcess::Start({"--engine=memory"});
+  auto server = CohortdProcess::Start(
+      {"--engine=memory", "--metrics_listen=127.0.0.1:0"});
   ASSERT_TRUE(server.ok()) << server.status();
   constexpr int kCalls = 2000, kChannels = 4;
   std::vector<std::unique_ptr<v1::Store::Stub>> stubs;
@@ -145,8 +210,11 @@ TEST(CohortdTest, TwoThousandBlockedGetsHoldNoThreads) {
                                          ++done;
                                        });
   }
-  // Let every call reach the server and block there.
-  absl::SleepFor(absl::Seconds(2));
+  // Every call has reached the server and blocks there.
+  const bool all_blocked = Eventually(
+      [&] { return Gauge(*server, "cohort_store_blocked_waiters") == kCalls; });
+  EXPECT_TRUE(all_blocked) << "blocked waiters: "
+                           << Gauge(*server, "cohort_store_blocked_waiters");
   const int threads_blocked = server->ThreadCount();
   {
     absl::MutexLock l(&mu);
@@ -222,7 +290,8 @@ TEST(CohortdTest, HealthIsServingAndReflectionListsTheStore) {
 
 TEST(CohortdTest, SigtermEndsWaitersWithUnavailableAndExitsCleanly) {
   const std::string dir = FreshDir("sigterm");
-  auto server = CohortdProcess::Start({"--data_dir=" + dir});
+  auto server = CohortdProcess::Start(
+      {"--data_dir=" + dir, "--metrics_listen=127.0.0.1:0"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = v1::Store::NewStub(grpc::CreateChannel(
       server->address(), grpc::InsecureChannelCredentials()));
@@ -234,7 +303,10 @@ TEST(CohortdTest, SigtermEndsWaitersWithUnavailableAndExitsCleanly) {
     v1::WaitResponse resp;
     status = stub->Wait(&ctx, req, &resp);
   });
-  absl::SleepFor(absl::Milliseconds(500));
+  // SIGTERM once the wait is blocked in the store, not on its way there.
+  EXPECT_TRUE(Eventually([&] {
+    return Gauge(*server, "cohort_store_blocked_waiters") == 1;
+  })) << "the wait never reached the store";
   int exit_status = server->Stop(SIGTERM);
   waiter.join();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
@@ -317,27 +389,23 @@ TEST(CohortdTest, ConnectionsOverTheCapAreRefusedWithAReason) {
   ASSERT_TRUE(server.ok()) << server.status();
   std::vector<int> held = OpenConnections(server->port(), 8);
   ASSERT_EQ(held.size(), 8u);
-  absl::SleepFor(absl::Milliseconds(300));  // Let the listener take them.
-  grpc::Status refused = TrySet(server->address(), "k");
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE)
-      << refused.error_message();
+  // Refused once the listener has taken the 8 (until then a call may get
+  // in, and leaves again).
+  grpc::Status refused;
+  const bool was_refused = Eventually([&] {
+    refused = TrySet(server->address(), "k");
+    return refused.error_code() == grpc::StatusCode::UNAVAILABLE;
+  });
+  EXPECT_TRUE(was_refused) << refused.error_code() << ": "
+                           << refused.error_message();
   // cohortd logs the refusal as it closes the connection, which the
   // client may see first.
-  std::string log = server->Log();
-  for (int i = 0; i < 50 && !absl::StrContains(log, "too many connections");
-       ++i) {
-    absl::SleepFor(absl::Milliseconds(100));
-    log = server->Log();
-  }
-  EXPECT_THAT(log, HasSubstr("too many connections (8 open"));
+  Eventually(
+      [&] { return absl::StrContains(server->Log(), "too many connections"); });
+  EXPECT_THAT(server->Log(), HasSubstr("too many connections (8 open"));
   for (int fd : held) close(fd);
   // Closed connections are noticed: new clients get in again.
-  bool served = false;
-  for (int i = 0; i < 50 && !served; ++i) {
-    served = TrySet(server->address(), "k").ok();
-    if (!served) absl::SleepFor(absl::Milliseconds(100));
-  }
-  EXPECT_TRUE(served);
+  EXPECT_TRUE(Eventually([&] { return TrySet(server->address(), "k").ok(); }));
 }
 
 // gRPC 1.51's listener stopped accepting for good after one EMFILE.
@@ -348,15 +416,13 @@ TEST(CohortdTest, AcceptingResumesAfterRunningOutOfFileDescriptors) {
   ASSERT_EQ(prlimit(server->pid(), RLIMIT_NOFILE, &tiny, nullptr), 0)
       << strerror(errno);
   std::vector<int> flood = OpenConnections(server->port(), 100);
-  absl::SleepFor(absl::Milliseconds(500));
+  Eventually([&] {
+    return absl::StrContains(server->Log(), "out of file descriptors");
+  });
   EXPECT_THAT(server->Log(), HasSubstr("out of file descriptors"));
   for (int fd : flood) close(fd);
-  bool served = false;
-  for (int i = 0; i < 50 && !served; ++i) {
-    served = TrySet(server->address(), "k").ok();
-    if (!served) absl::SleepFor(absl::Milliseconds(100));
-  }
-  EXPECT_TRUE(served) << server->Log();
+  EXPECT_TRUE(Eventually([&] { return TrySet(server->address(), "k").ok(); }))
+      << server->Log();
   ASSERT_EQ(kill(server->pid(), 0), 0) << "cohortd died";
 }
 
@@ -364,6 +430,9 @@ TEST(CohortdTest, AcceptingResumesAfterRunningOutOfFileDescriptors) {
 TEST(CohortdTest, IdleConnectionsAreClosed) {
   auto server = CohortdProcess::Start({"--engine=memory", "--idle_timeout=1s"});
   ASSERT_TRUE(server.ok()) << server.status();
+  // Before the connection exists: whatever cohortd counts idleness from
+  // comes after this, so the close cannot come within 1 s of it.
+  const absl::Time start = absl::Now();
   std::vector<int> fds = OpenConnections(server->port(), 1);
   ASSERT_EQ(fds.size(), 1u);
   const std::string preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -374,15 +443,16 @@ TEST(CohortdTest, IdleConnectionsAreClosed) {
   // Read until the server closes the connection (EOF), or give up.
   struct timeval tv = {1, 0};
   setsockopt(fds[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  const absl::Time start = absl::Now();
   bool closed = false;
   char buf[4096];
-  while (!closed && absl::Now() - start < absl::Seconds(20)) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (!closed && absl::Now() < give_up) {
     const ssize_t n = read(fds[0], buf, sizeof(buf));
     closed = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
   }
   close(fds[0]);
-  EXPECT_TRUE(closed) << "an idle connection stayed open for 20 s";
+  EXPECT_TRUE(closed) << "an idle connection was never closed (gave up "
+                         "after 60 s)";
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(900));
 }
 
@@ -421,16 +491,21 @@ std::string CallWithHeader(absl::string_view name, absl::string_view value) {
 TEST(CohortdTest, PeerBytesReachTheLogEscaped) {
   auto server = CohortdProcess::Start({"--engine=memory"});
   ASSERT_TRUE(server.ok()) << server.status();
+  int logged = 0;
   for (absl::string_view name : {"grpc-timeout", "content-type"}) {
     std::vector<int> fds = OpenConnections(server->port(), 1);
     ASSERT_EQ(fds.size(), 1u);
     const std::string bytes = CallWithHeader(name, "\x1b[31mred\x07");
     ASSERT_EQ(write(fds[0], bytes.data(), bytes.size()),
               static_cast<ssize_t>(bytes.size()));
-    absl::SleepFor(absl::Milliseconds(200));
+    // Closed once cohortd has logged this header.
+    const bool seen = Eventually([&] {
+      return Occurrences(server->Log(), "Error parsing metadata") > logged;
+    });
+    EXPECT_TRUE(seen) << name << " was not logged:\n" << server->Log();
+    logged = Occurrences(server->Log(), "Error parsing metadata");
     close(fds[0]);
   }
-  absl::SleepFor(absl::Milliseconds(200));
   const std::string log = server->Log();
   EXPECT_THAT(log, HasSubstr("Error parsing metadata"));
   EXPECT_THAT(log, HasSubstr("\\x1b[31mred"));

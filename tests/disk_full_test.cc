@@ -119,9 +119,10 @@ class DiskFullTest : public ::testing::Test {
   }
 
   // Four writers set fresh keys as fast as they can until each has been
-  // refused for 3 s straight (a refusal while RocksDB flushes can pass once
-  // the flush frees its log). Records every acknowledged key; every refusal
-  // must be RESOURCE_EXHAUSTED naming the data dir.
+  // refused for 3 s straight, and at least 10 times in a row however slow
+  // each call is (a refusal while RocksDB flushes can pass once the flush
+  // frees its log). Records every acknowledged key; every refusal must be
+  // RESOURCE_EXHAUSTED naming the data dir.
   void WriteUntilFull(const CohortdProcess& server, const std::string& tag,
                       size_t value_bytes) {
     std::vector<std::thread> writers;
@@ -131,7 +132,7 @@ class DiskFullTest : public ::testing::Test {
         int refused_in_a_row = 0;
         absl::Time refused_since = absl::InfiniteFuture();
         for (int i = 0; i < 100000; ++i) {
-          if (refused_in_a_row > 0 &&
+          if (refused_in_a_row >= 10 &&
               absl::Now() - refused_since > absl::Seconds(3)) {
             break;
           }

@@ -125,8 +125,11 @@ class Writer {
 
   // Writes until the first call that fails (the kill), against `address`.
   // `base` holds the counters' verified values, `revision` the store's.
+  // Counts each acknowledged write in `acked`, and itself in `done` at the
+  // end.
   void Run(const std::string& address, int trial, const int64_t* base,
-           int64_t revision, const std::atomic<bool>* killing) {
+           int64_t revision, const std::atomic<bool>* killing,
+           std::atomic<int64_t>* acked, std::atomic<int>* done) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(-1);
@@ -142,9 +145,9 @@ class Writer {
     for (int c = 0; c < kCounters; ++c)
       acked_delta_[c] = in_flight_delta_[c] = 0;
     in_flight_multiset_.clear();
-    while (Step()) {
-    }
+    while (Step()) ++*acked;
     stub_.reset();
+    ++*done;
   }
 
   std::map<std::string, KeyModel>& keys() { return keys_; }
@@ -768,11 +771,20 @@ void RunAll(const KillTrialOptions& options, KillTrialReport* report,
         (options.max_kill_delay - options.min_kill_delay) * unit(rng);
     const bool trial_sync = sync_writes;
     std::atomic<bool> killing{false};
+    std::atomic<int64_t> acked{0};
+    std::atomic<int> writers_done{0};
     std::vector<std::thread> threads;
     for (auto& w : writers) {
       threads.emplace_back(&Writer::Run, w.get(), server->address(), trial,
-                           checker.counter_base(), checker.revision(),
-                           &killing);
+                           checker.counter_base(), checker.revision(), &killing,
+                           &acked, &writers_done);
+    }
+    if (options.kill_after_an_ack) {
+      // No deadline needed: a writer's call either is acknowledged or fails
+      // (at its own deadline at the latest), which ends that writer.
+      while (acked == 0 && writers_done < static_cast<int>(writers.size())) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
     }
     absl::SleepFor(delay);
     killing = true;

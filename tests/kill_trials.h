@@ -38,6 +38,10 @@ struct KillTrialOptions {
   // The kill comes this long after the writers start, uniformly.
   absl::Duration min_kill_delay = absl::Milliseconds(5);
   absl::Duration max_kill_delay = absl::Milliseconds(300);
+  // Count the delay from the trial's first acknowledged write instead, so
+  // that every trial writes something however slowly the writers connect
+  // (a check that needs writes to lose). Kills then never come earlier.
+  bool kill_after_an_ack = false;
   // Share of trials whose cohortd runs with --sync_writes.
   double sync_writes_fraction = 0.2;
   // Share of writes that set a large value (blob files in RocksDB), of

@@ -65,6 +65,9 @@ TEST(KillTrialsTest, CheckerReportsTheLossesOfAMemoryEngine) {
   options.seed = EnvInt("KILL_TRIALS_SEED", 0);
   options.min_kill_delay = absl::Milliseconds(200);
   options.max_kill_delay = absl::Milliseconds(300);
+  // Losses need acknowledged writes: each trial has some before its kill,
+  // however slowly this machine runs the writers.
+  options.kill_after_an_ack = true;
   options.sync_writes_fraction = 0;
   options.cohortd_args = {"--engine=memory"};
   KillTrialReport report = RunKillTrials(options);
