@@ -15,11 +15,18 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 expect_eq() { [[ "$2" == "$3" ]] || fail "$1: expected '$3', got '$2'"; }
 
 start_cohortd() {  # [port]
+  # The log is appended to across restarts: wait for this start's line.
+  local before
+  before=$(grep -c "serving cohort.v1.Store on" "$LOG" 2>/dev/null)
   "$COHORTD" --listen="127.0.0.1:${1:-0}" --tcpstore_listen=127.0.0.1:0 --data_dir="$DATA" 2>>"$LOG" &
   PID=$!
-  for _ in $(seq 300); do
-    PORT=$(sed -n 's/.*serving cohort.v1.Store on 127.0.0.1:\([0-9]*\);.*/\1/p' "$LOG" | tail -1)
-    [[ -n "$PORT" ]] && kill -0 "$PID" 2>/dev/null && break
+  PORT=
+  for _ in $(seq 600); do
+    if (($(grep -c "serving cohort.v1.Store on" "$LOG") > ${before:-0})); then
+      PORT=$(sed -n 's/.*serving cohort.v1.Store on 127.0.0.1:\([0-9]*\);.*/\1/p' "$LOG" | tail -1)
+      break
+    fi
+    kill -0 "$PID" 2>/dev/null || break
     sleep 0.05
   done
   [[ -n "$PORT" ]] || { cat "$LOG"; echo "cohortd did not start"; exit 1; }
@@ -28,7 +35,6 @@ start_cohortd() {  # [port]
 trap 'kill -9 $PID 2>/dev/null' EXIT
 
 start_cohortd
-: >"$LOG.restart-marker"
 
 "$CTL" set greeting hello || fail "set"
 expect_eq "get" "$("$CTL" get greeting)" "hello"
@@ -78,11 +84,19 @@ expect_eq "still serving" "$("$CTL" get greeting)" "hello"
 # Watch prints changes as they happen.
 "$CTL" watch w/ >"$TMP/watch.out" &
 WATCHER=$!
-sleep 0.5
+# Registered once it prints a change made after it started.
+for i in $(seq 60); do
+  "$CTL" set "w/probe$i" p >/dev/null
+  grep -q " w/probe" "$TMP/watch.out" && break
+  sleep 0.5
+done
 "$CTL" set w/a 1 >/dev/null; "$CTL" delete w/a >/dev/null; "$CTL" set other 1
-sleep 0.5
+for _ in $(seq 1200); do
+  grep -q "DELETE w/a" "$TMP/watch.out" && break
+  sleep 0.05
+done
 kill -TERM $WATCHER; wait $WATCHER || fail "watch exit status"
-expect_eq "watch output" "$(cut -d' ' -f2- "$TMP/watch.out" | tr '\n' '|')" "PUT w/a 1|DELETE w/a|"
+expect_eq "watch output" "$(grep -v " w/probe" "$TMP/watch.out" | cut -d' ' -f2- | tr '\n' '|')" "PUT w/a 1|DELETE w/a|"
 
 # kill -9, restart on the same data dir: every acknowledged write is there.
 for i in $(seq 50); do "$CTL" set "k/$i" "v$i" || fail "set k/$i"; done

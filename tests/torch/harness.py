@@ -23,6 +23,9 @@ from datetime import timedelta
 # runfiles tree, where tools/torchrun and the binaries also are.
 HERE = os.path.dirname(os.path.abspath(sys.argv[0]))
 PYTHON = "/usr/bin/python3"
+# How long a check waits for what must happen before it gives up and fails
+# (only a broken store reaches it; it is not a bound on how fast).
+GIVE_UP_S = 60
 
 
 def import_torch():
@@ -114,6 +117,10 @@ _SERVING_GRPC = re.compile(r"serving cohort\.v1\.Store on 127\.0\.0\.1:(\d+);")
 class Backend:
     """A TCPStore-protocol server on 127.0.0.1: torch's or cohortd's."""
 
+    # A client timeout that outlasts the test (test timeouts are at most 5
+    # minutes): a call that must end some other way cannot end by it.
+    LONG_S = 600.0
+
     def __init__(self, args, name="store"):
         self.kind = args.backend
         self.cohortd_bin = os.path.abspath(args.cohortd) if args.cohortd else ""
@@ -188,9 +195,12 @@ class Backend:
     def client(self, dist, timeout_s=10.0):
         """A new torch client. 1.13 also uses the timeout to connect, and one
         under a second times out at once ("timed out after 0s while trying to
-        connect"), so a short one is set after connecting."""
-        store = dist.TCPStore(self.host, self.port, is_master=False,
-                              timeout=timedelta(seconds=max(timeout_s, 10.0)))
+        connect"), so a short one is set after connecting, on a client made
+        with LONG_S: a set_timeout that did not apply cannot time out within
+        the test either."""
+        store = dist.TCPStore(
+            self.host, self.port, is_master=False,
+            timeout=timedelta(seconds=timeout_s if timeout_s >= 10.0 else self.LONG_S))
         if timeout_s < 10.0:
             store.set_timeout(timedelta(seconds=timeout_s))
         return store

@@ -10,7 +10,7 @@ Meanwhile they let cohortrun's SIGTERM pass (its handler only notes it), so
 that a rank hanging in its op shows as a rank that printed no error
 (cohortrun SIGKILLs it after --stop-grace) instead of dying quietly. The
 kill, each failure and the start of a later round are printed with the wall
-clock time, for the test to bound.
+clock time, for the test to check their order.
 Usage: kill_first_round.py SCRIPT [ARGS...]"""
 import os
 import runpy
