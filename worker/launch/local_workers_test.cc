@@ -146,15 +146,24 @@ TEST(LocalWorkersTest, StopSendsTheSignal) {
 }
 
 TEST(LocalWorkersTest, StopEscalatesToSigkillAfterTheGrace) {
+  const std::string ready = absl::StrCat(::testing::TempDir(), "/trapped");
+  unlink(ready.c_str());
+  // Ignores SIGTERM and would run forever: only the SIGKILL after the
+  // grace ends it (else Stop, and the test, never return).
   auto workers =
-      LocalWorkers::Start(Shell("trap '' TERM; sleep 30"), {Spec(0, 0)});
+      LocalWorkers::Start(Shell(absl::StrCat("trap '' TERM; echo set > ", ready,
+                                             "; exec sleep infinity")),
+                          {Spec(0, 0)});
   ASSERT_TRUE(workers.ok()) << workers.status();
-  absl::SleepFor(absl::Milliseconds(200));  // Let the trap be set.
-  const absl::Time start = absl::Now();
+  // The trap is set before the file is written.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (ReadFile(ready).empty() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(ReadFile(ready), "set\n") << "the worker never set its trap";
   std::vector<WorkerExit> exits =
       (*workers)->Stop(SIGTERM, absl::Milliseconds(300));
   EXPECT_THAT(Describe(exits), ElementsAre("rank 0: signal SIGKILL"));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 TEST(LocalWorkersTest, StopReachesTheWorkersChildren) {

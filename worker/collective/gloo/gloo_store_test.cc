@@ -24,7 +24,8 @@ TEST(GlooStoreTest, SetThenGet) {
 
 TEST(GlooStoreTest, GetBlocksUntilSet) {
   auto store = std::make_shared<InProcessStore>();
-  GlooStore gloo_store(store, absl::Seconds(5));
+  // A timeout that outlasts the test: only the set can end the get.
+  GlooStore gloo_store(store, absl::Minutes(10));
   std::thread setter([&] {
     absl::SleepFor(absl::Milliseconds(50));
     ASSERT_TRUE(store->Set("late", "v").ok());
