@@ -58,7 +58,8 @@ absl::Status CheckGrantShape(v1::Role role, absl::string_view prefix) {
   if (role == v1::ADMIN) {
     if (prefix != "*") {
       return absl::InvalidArgumentError(
-          absl::StrCat("an admin's prefix must be *, got '", prefix, "'"));
+          absl::StrCat("an admin's prefix must be *, got '",
+                       absl::CHexEscape(prefix.substr(0, 256)), "'"));
     }
     return absl::OkStatus();
   }
@@ -69,6 +70,15 @@ absl::Status CheckGrantShape(v1::Role role, absl::string_view prefix) {
     return absl::InvalidArgumentError(
         "a r or rw token needs a prefix (not empty, not *): the key prefix "
         "of the job it is for, e.g. job1/");
+  }
+  // A prefix names a job: control bytes have no place in it, and would
+  // reach every log line and message that names the token's prefix.
+  for (char c : prefix) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a token's prefix may not hold control bytes; got '",
+          absl::CHexEscape(prefix.substr(0, 256)), "'"));
+    }
   }
   return absl::OkStatus();
 }
@@ -114,10 +124,18 @@ absl::Status CheckAccess(const Grant& grant, absl::string_view what,
 
 absl::StatusOr<std::string> NarrowPrefix(const Grant& grant,
                                          absl::string_view requested) {
-  if (CoversKey(grant.prefix, requested)) return std::string(requested);
+  if (grant.prefix == "*") return std::string(requested);
+  // A prefix stands for every key that starts with it, so it is allowed
+  // only under one of the grant's roots, whose every extension the grant
+  // covers. CoversKey is for one key: it also takes the bare run name
+  // ("job1" under "job1/"), and a listing or watch of "job1" would reach
+  // "job10/..." and "job1.other/...".
   std::vector<std::string> roots = {grant.prefix};
   for (absl::string_view space : kRunNamespaces) {
     roots.push_back(absl::StrCat(space, grant.prefix));
+  }
+  for (const std::string& root : roots) {
+    if (absl::StartsWith(requested, root)) return std::string(requested);
   }
   for (const std::string& root : roots) {
     if (absl::StartsWith(root, requested)) return root;
@@ -405,7 +423,8 @@ absl::StatusOr<v1::IssueTokenResponse> Authenticator::Issue(
     if (!absl::StartsWith(request.prefix(), caller.prefix)) {
       absl::Status s = absl::PermissionDeniedError(absl::StrCat(
           "the token (", caller.source, ") may only issue tokens within its "
-          "prefix '", caller.prefix, "'; '", request.prefix(),
+          "prefix '", absl::CHexEscape(caller.prefix), "'; '",
+          absl::CHexEscape(request.prefix().substr(0, 256)),
           "' is outside it"));
       Denied(caller, s);
       return s;
@@ -445,7 +464,8 @@ absl::StatusOr<v1::IssueTokenResponse> Authenticator::Issue(
   if (options_.log) {
     options_.log(absl::StrCat(
         "auth: ", caller.source, " issued token ", response.id().substr(0, 12),
-        "... (", auth::RoleName(request.role()), " under '", request.prefix(), "'",
+        "... (", auth::RoleName(request.role()), " under '",
+        absl::CHexEscape(request.prefix()), "'",
         expires ? absl::StrCat(", expires ", FormatMs(expires)) : "", ")"));
   }
   return response;

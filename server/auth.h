@@ -64,10 +64,12 @@ bool CoversKey(absl::string_view prefix, absl::string_view key);
 // else a run or group name): OK, or PERMISSION_DENIED naming the prefix.
 absl::Status CheckAccess(const Grant& grant, absl::string_view what,
                          absl::string_view name, Access access);
-// `requested` (a ListKeys/Watch prefix) narrowed to the keys `grant` may
-// read: unchanged when covered; the grant's first root (P, then each
-// kRunNamespaces + P) that lies under `requested`;
-// PERMISSION_DENIED when they do not meet.
+// `requested` (a ListKeys/Watch/NumKeys prefix) narrowed to the keys
+// `grant` may read. Its roots are P and each kRunNamespaces + P: unchanged
+// when it lies under a root (so every key it can match is covered); else
+// the first root that lies under it; PERMISSION_DENIED when they do not
+// meet. Unlike CoversKey, never the bare run name: the prefix "job1" is
+// narrowed to "job1/", since as a prefix it would match "job10/...".
 absl::StatusOr<std::string> NarrowPrefix(const Grant& grant,
                                          absl::string_view requested);
 

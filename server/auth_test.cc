@@ -1,7 +1,12 @@
 #include "server/auth.h"
 
 #include <fstream>
+#include <string>
+#include <vector>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/kv_engine.h"
@@ -60,6 +65,60 @@ TEST(NarrowPrefixTest, CutsToTheGrantOrRefuses) {
             absl::StatusCode::kPermissionDenied);
   Grant admin{.role = v1::ADMIN, .prefix = "*", .source = "s"};
   EXPECT_EQ(*NarrowPrefix(admin, ""), "");
+  EXPECT_EQ(*NarrowPrefix(admin, "job1"), "job1");
+}
+
+// A prefix is a set of keys: whatever shape it has, what it is narrowed to
+// matches no key of a sibling job named as the grant's name extended
+// (jobA/ beside jobAB/, jobA.other/, runs/jobAB/, /cohortrun/jobAB/).
+TEST(NarrowPrefixTest, NeverReachesSiblingsNamedAsThePrefixExtended) {
+  const Grant g{.role = v1::READ, .prefix = "jobA/", .source = "s"};
+  const std::vector<std::string> siblings = {
+      "jobAB/secret", "jobA.other/secret", "jobA", "runs/jobAB/0/pg",
+      "runs/jobA.x/k", "/cohortrun/jobAB/0/rank0", "/cohortrun/jobA"};
+  const std::vector<std::string> own = {"jobA/k", "jobA/sub/k", "runs/jobA/0/pg",
+                                        "/cohortrun/jobA/0/rank0"};
+  struct Shape {
+    std::string requested;
+    std::string narrowed;  // Empty: refused.
+  };
+  for (const Shape& shape : std::vector<Shape>{
+           {"", "jobA/"},
+           {"j", "jobA/"},
+           {"job", "jobA/"},                    // One character short...
+           {"jobA", "jobA/"},                   // ... the bare name...
+           {"jobA/", "jobA/"},                  // ... the grant exactly...
+           {"jobA/sub/", "jobA/sub/"},          // ... longer.
+           {"jobAB", ""},                       // Across the '/' boundary.
+           {"jobA.", ""},
+           {"runs/", "runs/jobA/"},
+           {"runs/jobA", "runs/jobA/"},
+           {"runs/jobA/", "runs/jobA/"},
+           {"runs/jobAB", ""},
+           {"/cohortrun/jobA", "/cohortrun/jobA/"},
+           {"/cohortrun/jobA/0/", "/cohortrun/jobA/0/"},
+           {"/cohortrun/jobAB/", ""},
+           {"/cohort/", ""},
+       }) {
+    absl::StatusOr<std::string> narrowed = NarrowPrefix(g, shape.requested);
+    if (shape.narrowed.empty()) {
+      EXPECT_EQ(narrowed.status().code(), absl::StatusCode::kPermissionDenied)
+          << "'" << shape.requested << "' -> " << narrowed.value_or("?");
+      continue;
+    }
+    ASSERT_TRUE(narrowed.ok()) << shape.requested << ": " << narrowed.status();
+    EXPECT_EQ(*narrowed, shape.narrowed) << "'" << shape.requested << "'";
+    for (const std::string& key : siblings) {
+      EXPECT_FALSE(absl::StartsWith(key, *narrowed))
+          << "'" << shape.requested << "' narrowed to '" << *narrowed
+          << "' matches " << key;
+    }
+    bool reaches_own = false;
+    for (const std::string& key : own) {
+      reaches_own |= absl::StartsWith(key, *narrowed);
+    }
+    EXPECT_TRUE(reaches_own) << "'" << shape.requested << "'";
+  }
 }
 
 TEST(ParseTokensFileTest, ParsesRolesCommentsAndBlankLines) {
@@ -219,6 +278,51 @@ TEST_F(AuthenticatorTest, IssuedTokensAreScopedStoredHashedAndRevocable) {
             absl::StatusCode::kNotFound);
   EXPECT_EQ(auth_->Revoke(admin, "zz").code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Whatever bytes a caller puts in a prefix, no log line gains a line break
+// or another control byte from them: control bytes are refused outright,
+// and the rest reaches the log escaped.
+TEST_F(AuthenticatorTest, HostilePrefixesForgeNoLogLines) {
+  Grant admin = *auth_->Authenticate(Bearer(kAdmin));
+  Grant job = *auth_->Authenticate(Bearer(kJob));
+  for (const std::string& prefix :
+       {std::string("job1/\nauth: forged line"), std::string("job1/\rx"),
+        std::string("job1/\x1b[31mred"), std::string("job1/\x7f"),
+        std::string("job1/\0nul", 9)}) {
+    v1::IssueTokenRequest request;
+    request.set_role(v1::READ_WRITE);
+    request.set_prefix(prefix);
+    for (const Grant& caller : {admin, job}) {
+      absl::StatusOr<v1::IssueTokenResponse> issued =
+          auth_->Issue(caller, request);
+      EXPECT_EQ(issued.status().code(), absl::StatusCode::kInvalidArgument)
+          << absl::CHexEscape(prefix);
+      EXPECT_THAT(issued.status().message(), HasSubstr("control bytes"));
+    }
+  }
+  // Outside the job's prefix (logged as a denial) and issued by the admin
+  // (logged as an issue), with bytes that are not plain ASCII.
+  v1::IssueTokenRequest outside;
+  outside.set_role(v1::READ);
+  outside.set_prefix("job2/\xc3\xa9\"'");  // "job2/é\"'"
+  EXPECT_EQ(auth_->Issue(job, outside).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(auth_->Issue(admin, outside).ok());
+  bool denial = false, issue = false;
+  for (const std::string& line : logged_) {
+    for (char c : line) {
+      EXPECT_FALSE(static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+          << "log line '" << absl::CHexEscape(line) << "'";
+    }
+    EXPECT_EQ(line.find("\xc3"), std::string::npos) << absl::CHexEscape(line);
+    denial |= absl::StrContains(line, "denied") &&
+              absl::StrContains(line, "job2/\\xc3\\xa9");
+    issue |= absl::StrContains(line, "issued token") &&
+             absl::StrContains(line, "job2/\\xc3\\xa9");
+  }
+  EXPECT_TRUE(denial) << "no denial logged: " << absl::StrJoin(logged_, " | ");
+  EXPECT_TRUE(issue) << "no issue logged";
 }
 
 TEST_F(AuthenticatorTest, IssuedTokensExpire) {

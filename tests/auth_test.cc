@@ -5,13 +5,18 @@
 // bounded memory.
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
+#include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/remote_store.h"
 #include "cohort/v1/coordination.grpc.pb.h"
+#include "cohort/v1/store.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
@@ -156,6 +161,90 @@ TEST_F(AuthTest, RunsAndGroupsAreScopedToTheTokensPrefix) {
   grpc::ClientContext anonymous;
   EXPECT_EQ(rendezvous_->Join(&anonymous, join, &joined).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
+}
+
+// Sibling jobs named as job1 extended (job10, job1.other) beside job1's
+// own keys. Whatever prefix job1's tokens list, watch (live and from
+// history) or count under, they get job1's keys and never a sibling's.
+TEST_F(AuthTest, ListWatchAndNumKeysNeverReachSiblingJobs) {
+  const std::vector<std::string> siblings = {
+      "job10/secret", "job1.other/secret", "runs/job10/0/addr",
+      "/cohortrun/job10/0/nccl_id"};
+  const std::vector<std::string> own = {"job1/a", "runs/job1/0/addr",
+                                        "/cohortrun/job1/0/nccl_id"};
+  auto admin = Client(kAdmin);
+  for (const std::string& key : siblings) ASSERT_TRUE(admin->Set(key, "x").ok());
+  for (const std::string& key : own) ASSERT_TRUE(admin->Set(key, "y").ok());
+  auto covered = [](const std::string& key) {
+    return absl::StartsWith(key, "job1/") ||
+           absl::StartsWith(key, "runs/job1/") ||
+           absl::StartsWith(key, "/cohortrun/job1/");
+  };
+  auto store = v1::Store::NewStub(channel_);
+  const std::vector<std::string> prefixes = {
+      "", "j", "job", "job1", "job1/", "runs/", "runs/job1",
+      "/cohortrun/job1", "/cohortrun/job1/0/"};
+  for (const char* token : {kJob1, kReader}) {
+    for (const std::string& prefix : prefixes) {
+      v1::ListKeysRequest list;
+      list.set_prefix(prefix);
+      v1::ListKeysResponse listed;
+      grpc::Status s = store->ListKeys(As(token).get(), list, &listed);
+      ASSERT_TRUE(s.ok()) << "'" << prefix << "': " << s.error_message();
+      EXPECT_EQ(listed.keys_size(), 1) << "'" << prefix << "'";
+      for (const std::string& key : listed.keys()) {
+        EXPECT_TRUE(covered(key)) << "listing '" << prefix << "' gave " << key;
+      }
+    }
+    for (const std::string& prefix : {"job10", "job1.", "runs/job10",
+                                      "/cohortrun/job10/"}) {
+      v1::ListKeysRequest list;
+      list.set_prefix(prefix);
+      v1::ListKeysResponse listed;
+      EXPECT_EQ(store->ListKeys(As(token).get(), list, &listed).error_code(),
+                grpc::StatusCode::PERMISSION_DENIED)
+          << "'" << prefix << "'";
+    }
+    v1::NumKeysResponse counted;
+    ASSERT_TRUE(
+        store->NumKeys(As(token).get(), v1::NumKeysRequest(), &counted).ok());
+    EXPECT_EQ(counted.num_keys(), 1);  // job1/a alone.
+  }
+
+  // Watches from the first revision (history), then live: a sibling's write
+  // is committed before job1's marker, so in revision order it would have
+  // come first had it leaked.
+  for (const std::string& prefix : {"job1", "runs/job1", "/cohortrun/job1"}) {
+    auto context = As(kReader);
+    context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    v1::WatchRequest watch;
+    watch.set_prefix(prefix);
+    watch.set_from_revision(1);
+    auto reader = store->Watch(context.get(), watch);
+    const std::string root = prefix == "job1" ? "job1/" : prefix + "/";
+    const std::string sibling =
+        prefix == "job1" ? "job10/live" : absl::StrCat(prefix, "0/live");
+    const std::string marker = absl::StrCat(root, "marker");
+    ASSERT_TRUE(admin->Set(sibling, "leak").ok());
+    ASSERT_TRUE(admin->Set(marker, "m").ok());
+    std::vector<std::string> seen;
+    v1::WatchResponse events;
+    while (std::find(seen.begin(), seen.end(), marker) == seen.end() &&
+           reader->Read(&events)) {
+      for (const v1::Event& e : events.events()) seen.push_back(e.key());
+    }
+    context->TryCancel();
+    while (reader->Read(&events)) {
+    }
+    reader->Finish().IgnoreError();
+    EXPECT_NE(std::find(seen.begin(), seen.end(), marker), seen.end())
+        << "watch '" << prefix << "' ended before job1's marker";
+    EXPECT_GE(seen.size(), 2u) << "watch '" << prefix
+                               << "' replayed none of job1's history";
+    for (const std::string& key : seen) {
+      EXPECT_TRUE(covered(key)) << "watch '" << prefix << "' gave " << key;
+    }
+  }
 }
 
 TEST_F(AuthTest, IssuedTokensDigestsAreOutOfAJobsReach) {
