@@ -20,8 +20,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/log_limiter.h"
 #include "base/signals.h"
+#include "google/protobuf/stubs/logging.h"
 #include "grpc/support/log.h"
 #include "proto/c10d/rules.h"
 #include "server/cohort_server.h"
@@ -136,11 +139,44 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-// gRPC's own log lines may quote bytes a peer sent (a bad HTTP/2 header,
-// say): escaped here, so nothing a client chooses reaches the terminal raw.
+// Protobuf logs a line for every request it cannot parse (a string field
+// that is not UTF-8), which any peer can send by the thousand: escaped
+// (nothing a client chooses reaches the terminal raw) and passed on at most
+// once a second, like cohortd's own lines about bad input.
+class LibraryLog {
+ public:
+  explicit LibraryLog(std::string library)
+      : library_(std::move(library)),
+        limiter_([](absl::string_view line) { Log(std::string(line)); },
+                 absl::Seconds(1)) {}
+
+  void Pass(absl::string_view message) {
+    absl::MutexLock lock(&mu_);
+    limiter_.Log(absl::StrCat(library_, ": ", absl::CHexEscape(message)));
+  }
+
+ private:
+  const std::string library_;
+  absl::Mutex mu_;
+  cohort::base::LogLimiter limiter_ ABSL_GUARDED_BY(mu_);
+};
+
+// gRPC's error lines are escaped but not held back: each one, a header a
+// peer sent that gRPC could not parse say, is worth seeing.
 void GrpcLog(gpr_log_func_args* args) {
   if (args->severity < GPR_LOG_SEVERITY_ERROR) return;
   Log(absl::StrCat("grpc: ", absl::CHexEscape(args->message)));
+}
+
+void ProtobufLog(google::protobuf::LogLevel level, const char* /*file*/,
+                 int /*line*/, const std::string& message) {
+  if (level == google::protobuf::LOGLEVEL_FATAL) {
+    // Protobuf aborts after this: never held back.
+    Log(absl::StrCat("protobuf: fatal: ", absl::CHexEscape(message)));
+    return;
+  }
+  static LibraryLog* lines = new LibraryLog("protobuf");
+  lines->Pass(message);
 }
 
 // Each client connection is a file descriptor: take the hard limit rather
@@ -187,6 +223,7 @@ int main(int argc, char** argv) {
   }
   absl::ParseCommandLine(argc, argv);
   gpr_set_log_function(GrpcLog);
+  google::protobuf::SetLogHandler(ProtobufLog);
 
   // Signals are taken synchronously by sigwait below; block them before any
   // thread starts so every thread inherits the mask.
@@ -294,6 +331,16 @@ int main(int argc, char** argv) {
   }
   options.tcpstore_allow = absl::GetFlag(FLAGS_tcpstore_allow);
   options.tcpstore_prefix = absl::GetFlag(FLAGS_tcpstore_prefix);
+  if (!options.auth_tokens.empty() && !options.tcpstore_require_token &&
+      !options.tcpstore_listen.empty() && options.tcpstore_prefix.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "--tcpstore_require_token=false without --tcpstore_prefix would let "
+        "every TCPStore client --tcpstore_allow admits read and write every "
+        "job's keys and read cohortd's records, around --auth_tokens: give "
+        "--tcpstore_prefix=DIR/ to confine anonymous clients to it, or keep "
+        "--tcpstore_require_token (cohortrun's node proxy sends its workers' "
+        "token)"));
+  }
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.max_connections = RaiseFdLimit(absl::GetFlag(FLAGS_max_connections));
   options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);

@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -1226,6 +1227,15 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     networks.push_back(*n);
   }
   if (!options.prefix.empty()) {
+    // A prefix that "/cohort/" itself starts with ("/", "/cohort") is as
+    // bad as one inside it: its key "/auth/x" would be "/cohort/auth/x".
+    if (absl::StartsWith(c10d::kReservedPrefix, options.prefix)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TCPStore prefix '", options.prefix, "' is the start of cohortd's "
+          "reserved namespace '", c10d::kReservedPrefix, "': its clients' "
+          "keys would reach cohortd's records there; use a prefix outside "
+          "it that ends in '/', e.g. 'torch/'"));
+    }
     if (absl::Status s = c10d::CheckClientWrite(options.prefix + "x"); !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("TCPStore prefix '", options.prefix,

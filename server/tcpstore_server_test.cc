@@ -739,10 +739,18 @@ TEST_F(TcpStoreServerPolicyTest, ABadPolicyIsRefusedAtStart) {
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_TRUE(absl::StrContains(s.status().message(), bad)) << s.status();
   }
-  auto reserved = Start({}, "/cohort/runs/");
-  EXPECT_EQ(reserved.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(reserved.status().message(), "reserved"))
-      << reserved.status();
+  // Inside "/cohort/", or a start of it ("/cohort" + "/auth/x" is
+  // "/cohort/auth/x").
+  for (const char* prefix : {"/cohort/runs/", "/cohort/", "/cohort", "/co", "/"}) {
+    auto reserved = Start({}, prefix);
+    EXPECT_EQ(reserved.status().code(), absl::StatusCode::kInvalidArgument)
+        << prefix;
+    EXPECT_TRUE(absl::StrContains(reserved.status().message(), "reserved"))
+        << reserved.status();
+  }
+  for (const char* prefix : {"/cohortrun/", "/cohorts/", "torch/"}) {
+    EXPECT_TRUE(Start({}, prefix).ok()) << prefix;
+  }
 }
 
 TEST_F(TcpStoreServerTest, NamespacedConnectionsSeeOnlyTheirKeys) {

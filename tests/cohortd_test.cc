@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -15,8 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/remote_store.h"
+#include "cohort/v1/coordination.grpc.pb.h"
 #include "cohort/v1/store.grpc.pb.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/stubs/logging.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/create_channel.h"
@@ -326,6 +330,28 @@ TEST(CohortdTest, BadFlagsFailWithAClearMessage) {
   ASSERT_FALSE(no_etcd.ok());
   EXPECT_THAT(no_etcd.status().message(),
               HasSubstr("--etcd_endpoints needs at least one HOST:PORT"));
+  // Anonymous TCPStore clients with tokens on, but no prefix to confine
+  // them: they would reach every job's keys around the tokens.
+  const std::string tokens =
+      absl::StrCat(::testing::TempDir(), "/bad-flags-tokens");
+  std::ofstream(tokens) << "admin-token-0123456789 admin *\n";
+  auto open_listener = CohortdProcess::Start(
+      {"--engine=memory", "--auth_tokens=" + tokens,
+       "--tcpstore_listen=127.0.0.1:0", "--tcpstore_require_token=false"});
+  ASSERT_FALSE(open_listener.ok());
+  EXPECT_THAT(open_listener.status().message(),
+              HasSubstr("--tcpstore_require_token=false without "
+                        "--tcpstore_prefix"));
+  auto confined = CohortdProcess::Start(
+      {"--engine=memory", "--auth_tokens=" + tokens,
+       "--tcpstore_listen=127.0.0.1:0", "--tcpstore_require_token=false",
+       "--tcpstore_prefix=anonymous/"});
+  EXPECT_TRUE(confined.ok()) << confined.status();
+  auto reserved = CohortdProcess::Start(
+      {"--engine=memory", "--tcpstore_listen=127.0.0.1:0",
+       "--tcpstore_prefix=/cohort"});
+  ASSERT_FALSE(reserved.ok());
+  EXPECT_THAT(reserved.status().message(), HasSubstr("reserved namespace"));
   // A second cohortd on the same data dir is refused, naming the folder.
   const std::string dir = FreshDir("locked");
   auto first = CohortdProcess::Start({"--data_dir=" + dir});
@@ -365,6 +391,38 @@ grpc::Status TrySet(const std::string& address, const std::string& key) {
   req.set_value("v");
   v1::SetResponse resp;
   return stub->Set(&ctx, req, &resp);
+}
+
+// Every request whose string field is not UTF-8 makes protobuf log a line;
+// a peer sending thousands must cost cohortd's log a line a second, like
+// cohortd's own lines about bad input, and cohortd must keep serving.
+TEST(CohortdTest, ProtobufParseErrorsAreLoggedOnceASecond) {
+  auto server = CohortdProcess::Start({"--engine=memory"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto rendezvous = v1::Rendezvous::NewStub(grpc::CreateChannel(
+      server->address(), grpc::InsecureChannelCredentials()));
+  v1::JoinRequest join;
+  join.set_run_id("run\xff\xfe");  // Not UTF-8: the server cannot parse it.
+  join.set_node_id("n0");
+  // This process's own protobuf complains too, on sending each one.
+  google::protobuf::LogSilencer quiet;
+  const absl::Time start = absl::Now();
+  constexpr int kCalls = 300;
+  for (int i = 0; i < kCalls; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    v1::JoinResponse joined;
+    EXPECT_FALSE(rendezvous->Join(&ctx, join, &joined).ok());
+  }
+  // Every parse failed (and was logged, if at all) before its reply came.
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+  EXPECT_TRUE(TrySet(server->address(), "still/serving").ok());
+  const int lines = Occurrences(server->Log(), "protobuf: ");
+  EXPECT_GE(lines, 1) << server->Log();
+  // At most one a second, counted from the first.
+  EXPECT_LE(lines, 1 + static_cast<int>(std::ceil(elapsed)))
+      << kCalls << " bad requests in " << elapsed << " s:\n" << server->Log();
+  EXPECT_THAT(server->Log(), HasSubstr("invalid UTF-8"));
 }
 
 // gRPC's default listener set SO_REUSEPORT: a second cohortd could bind a
