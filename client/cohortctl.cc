@@ -41,7 +41,8 @@ ABSL_FLAG(int64_t, from_revision, 0,
           "watch: deliver the changes from this revision on (those cohortd "
           "still holds) before the new ones; 0: only new ones");
 ABSL_FLAG(absl::Duration, ttl, absl::ZeroDuration(),
-          "token issue: the token's lifetime (e.g. 24h); 0: until revoked");
+          "token issue: the token's lifetime (e.g. 24h); 0: cohortd's "
+          "--max_token_ttl (30 days by default)");
 ABSL_FLAG(std::string, description, "",
           "token issue: who the token is for, shown by token list");
 

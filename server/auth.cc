@@ -4,6 +4,7 @@
 #include <openssl/rand.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -23,6 +24,9 @@ namespace {
 constexpr size_t kMinTokenBytes = 16;
 constexpr size_t kMaxTokenBytes = 4096;
 constexpr size_t kMaxDescriptionBytes = 256;
+// Issued tokens between a token and the file token at the root of its
+// issuers (cohortrun's worker tokens sit at 1 or 2).
+constexpr size_t kMaxIssuerChain = 16;
 
 // Causes, for the per-cause log limiters.
 enum Cause {
@@ -264,6 +268,7 @@ absl::Status Authenticator::Reload() {
   absl::flat_hash_map<std::string, Grant> table;
   for (FileToken& t : tokens) {
     admins += t.grant.admin();
+    t.grant.digest = t.digest;
     table.emplace(std::move(t.digest), std::move(t.grant));
   }
   const size_t count = table.size();
@@ -378,11 +383,58 @@ absl::StatusOr<Grant> Authenticator::AuthenticateToken(absl::string_view token) 
     return absl::UnauthenticatedError(absl::StrCat(
         "the token expired at ", FormatMs(parsed.expires_unix_ms())));
   }
+  if (absl::StatusOr<std::vector<std::string>> issuers = Issuers(parsed);
+      !issuers.ok()) {
+    Fail(unknown_, kUnknown,
+         absl::StrCat("auth: refused a call with token ", digest.substr(0, 12),
+                      "...: ", issuers.status().message()));
+    return issuers.status();
+  }
   authenticated_.fetch_add(1, std::memory_order_relaxed);
   return Grant{.role = parsed.role(),
                .prefix = parsed.prefix(),
                .source = absl::StrCat("issued ", digest.substr(0, 12)),
-               .expires_unix_ms = parsed.expires_unix_ms()};
+               .expires_unix_ms = parsed.expires_unix_ms(),
+               .digest = digest};
+}
+
+absl::StatusOr<std::vector<std::string>> Authenticator::Issuers(
+    const v1::TokenRecord& record) {
+  std::vector<std::string> chain;
+  std::string issuer = record.issuer_digest();
+  // Records written before issuers were kept end their chain early.
+  while (!issuer.empty()) {
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      if (file_tokens_.contains(issuer)) {
+        chain.push_back(issuer);
+        return chain;
+      }
+    }
+    if (chain.size() >= kMaxIssuerChain) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "the token's chain of issuers is longer than ", kMaxIssuerChain));
+    }
+    absl::StatusOr<std::optional<std::string>> stored =
+        options_.store->TryGet(absl::StrCat(kIssuedTokensPrefix, issuer));
+    if (!stored.ok()) return stored.status();
+    v1::TokenRecord parent;
+    if (!stored->has_value() || !parent.ParseFromString(**stored)) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "the token is not valid here: the token that issued it (id ",
+          issuer.substr(0, 12), "...) was revoked or removed, and every "
+          "token it issued with it"));
+    }
+    if (parent.expires_unix_ms() != 0 && parent.expires_unix_ms() <= NowMs()) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "the token is not valid here: the token that issued it (id ",
+          issuer.substr(0, 12), "...) expired at ",
+          FormatMs(parent.expires_unix_ms())));
+    }
+    chain.push_back(issuer);
+    issuer = parent.issuer_digest();
+  }
+  return chain;
 }
 
 void Authenticator::Denied(const Grant& grant, const absl::Status& why) {
@@ -402,10 +454,12 @@ absl::StatusOr<v1::IssueTokenResponse> Authenticator::Issue(
       !s.ok()) {
     return s;
   }
-  if (request.ttl_ms() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ttl_ms must be >= 0 (0: until revoked), got ",
-                     request.ttl_ms()));
+  const int64_t max_ttl_ms = absl::ToInt64Milliseconds(options_.max_ttl);
+  if (request.ttl_ms() < 0 || request.ttl_ms() > max_ttl_ms) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ttl_ms must be 0 to ", max_ttl_ms, " (cohortd's --max_token_ttl, ",
+        absl::FormatDuration(options_.max_ttl), "; 0: that maximum), got ",
+        request.ttl_ms()));
   }
   if (request.description().size() > kMaxDescriptionBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -444,18 +498,15 @@ absl::StatusOr<v1::IssueTokenResponse> Authenticator::Issue(
   record.set_prefix(request.prefix());
   record.set_description(request.description());
   record.set_issued_unix_ms(NowMs());
-  int64_t expires = 0;
-  if (request.ttl_ms() > 0) {
-    expires = record.issued_unix_ms() + request.ttl_ms();
-    // A token may not outlive the one that issued it.
-    if (caller.expires_unix_ms != 0) {
-      expires = std::min(expires, caller.expires_unix_ms);
-    }
-  } else if (caller.expires_unix_ms != 0) {
-    expires = caller.expires_unix_ms;
+  // Every issued token expires, and never after the one that issued it.
+  int64_t expires = record.issued_unix_ms() +
+                    (request.ttl_ms() > 0 ? request.ttl_ms() : max_ttl_ms);
+  if (caller.expires_unix_ms != 0) {
+    expires = std::min(expires, caller.expires_unix_ms);
   }
   record.set_expires_unix_ms(expires);
   record.set_issued_by(caller.source);
+  record.set_issuer_digest(caller.digest);
   absl::StatusOr<int64_t> written = options_.store->Set(
       absl::StrCat(kIssuedTokensPrefix, response.id()),
       record.SerializeAsString());
@@ -487,14 +538,20 @@ absl::Status Authenticator::Revoke(const Grant& caller, absl::string_view id) {
     return absl::NotFoundError(
         absl::StrCat("no issued token has id ", id.substr(0, 12), "..."));
   }
-  if (!caller.admin() &&
-      (caller.role != v1::READ_WRITE ||
-       !absl::StartsWith(parsed.prefix(), caller.prefix))) {
-    absl::Status s = absl::PermissionDeniedError(absl::StrCat(
-        "the token (", caller.source, ") may only revoke tokens within its "
-        "prefix '", caller.prefix, "'"));
-    Denied(caller, s);
-    return s;
+  if (!caller.admin() && id != caller.digest) {
+    // Only what the caller issued, directly or through tokens it issued:
+    // never its own issuer, nor a sibling with the same prefix.
+    absl::StatusOr<std::vector<std::string>> issuers = Issuers(parsed);
+    const bool descendant =
+        issuers.ok() && std::find(issuers->begin(), issuers->end(),
+                                  caller.digest) != issuers->end();
+    if (caller.role != v1::READ_WRITE || !descendant) {
+      absl::Status s = absl::PermissionDeniedError(absl::StrCat(
+          "the token (", caller.source, ") may only revoke itself and the "
+          "tokens it issued (directly or through tokens it issued)"));
+      Denied(caller, s);
+      return s;
+    }
   }
   absl::StatusOr<store::DeleteResult> deleted = options_.store->Delete(key);
   if (!deleted.ok()) return deleted.status();

@@ -38,6 +38,8 @@ struct Grant {
   std::string source;
   // Unix milliseconds; 0: never.
   int64_t expires_unix_ms = 0;
+  // The hex SHA-256 digest of the token (empty with auth off).
+  std::string digest;
 
   bool admin() const { return role == v1::ADMIN; }
 };
@@ -110,6 +112,9 @@ struct AuthenticatorOptions {
   // Where reloads and (rate-limited, once a second per cause) failures are
   // reported.
   std::function<void(absl::string_view)> log;
+  // The longest lifetime an issued token may have (--max_token_ttl); a
+  // request for 0 gets this.
+  absl::Duration max_ttl = absl::Hours(24 * 30);
 };
 
 class Authenticator {
@@ -153,6 +158,12 @@ class Authenticator {
   // Logs at most once a second per cause.
   void LogLimited(int cause, absl::string_view line);
   void Fail(std::atomic<uint64_t>& counter, int cause, absl::string_view line);
+  // Follows the issuers of the token whose record is `record` up to a file
+  // token: their digests, nearest first, the file token's last (the list
+  // ends early for records written before issuers were kept); or
+  // UNAUTHENTICATED when one of them was revoked, removed or expired.
+  absl::StatusOr<std::vector<std::string>> Issuers(
+      const v1::TokenRecord& record);
 
   const AuthenticatorOptions options_;
 

@@ -1,6 +1,7 @@
 #include "server/auth.h"
 
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -323,6 +324,84 @@ TEST_F(AuthenticatorTest, HostilePrefixesForgeNoLogLines) {
   }
   EXPECT_TRUE(denial) << "no denial logged: " << absl::StrJoin(logged_, " | ");
   EXPECT_TRUE(issue) << "no issue logged";
+}
+
+// An issued token lives only while every token above it does: revoking or
+// removing an issuer ends what it issued, at once and transitively; a token
+// revokes only itself and what lies below it; every issued token expires.
+TEST_F(AuthenticatorTest, IssuedTokensLiveOnlyWhileTheirIssuersDo) {
+  Grant job = *auth_->Authenticate(Bearer(kJob));
+  auto issue = [&](const Grant& by, const std::string& prefix,
+                   int64_t ttl_ms = 0) {
+    v1::IssueTokenRequest request;
+    request.set_role(v1::READ_WRITE);
+    request.set_prefix(prefix);
+    request.set_ttl_ms(ttl_ms);
+    absl::StatusOr<v1::IssueTokenResponse> issued = auth_->Issue(by, request);
+    EXPECT_TRUE(issued.ok()) << issued.status();
+    return issued.value_or(v1::IssueTokenResponse());
+  };
+  auto grant = [&](const v1::IssueTokenResponse& t) {
+    return auth_->Authenticate(Bearer(t.token()));
+  };
+  // job (file) -> child -> grandchild; child -> sibling of grandchild.
+  const int64_t before = absl::ToUnixMillis(absl::Now());
+  const v1::IssueTokenResponse child = issue(job, "job1/");
+  const int64_t after = absl::ToUnixMillis(absl::Now());
+  const Grant child_grant = *grant(child);
+  const v1::IssueTokenResponse grandchild = issue(child_grant, "job1/run1/");
+  const v1::IssueTokenResponse other = issue(child_grant, "job1/run1/");
+  const Grant grandchild_grant = *grant(grandchild);
+
+  // No token revokes its issuer or a sibling, whatever their prefixes.
+  for (const std::string& id : {child.id(), other.id()}) {
+    absl::Status s = auth_->Revoke(grandchild_grant, id);
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_THAT(s.message(), HasSubstr("only revoke itself"));
+  }
+  EXPECT_TRUE(grant(child).ok());
+
+  // Every issued token expires, within --max_token_ttl (30 days here) of
+  // its issue and never after its issuer.
+  const int64_t month = int64_t{30} * 24 * 3600 * 1000;
+  EXPECT_GE(child.expires_unix_ms(), before + month);  // ttl 0: the maximum.
+  EXPECT_LE(child.expires_unix_ms(), after + month);
+  EXPECT_EQ(child_grant.expires_unix_ms, child.expires_unix_ms());
+  EXPECT_LE(grandchild.expires_unix_ms(), child.expires_unix_ms());
+  const v1::IssueTokenResponse short_lived = issue(job, "job1/x/", 60000);
+  const Grant short_grant = *grant(short_lived);
+  EXPECT_LE(issue(short_grant, "job1/x/", month).expires_unix_ms(),
+            short_lived.expires_unix_ms());
+  for (int64_t ttl : {int64_t{-1}, month + 1,
+                      std::numeric_limits<int64_t>::max()}) {
+    v1::IssueTokenRequest request;
+    request.set_role(v1::READ);
+    request.set_prefix("job1/");
+    request.set_ttl_ms(ttl);
+    absl::StatusOr<v1::IssueTokenResponse> refused = auth_->Issue(job, request);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument)
+        << ttl;
+    EXPECT_THAT(refused.status().message(), HasSubstr("--max_token_ttl"));
+  }
+
+  // Revoking the child ends the grandchild and its sibling too.
+  ASSERT_TRUE(auth_->Revoke(job, child.id()).ok());
+  for (const v1::IssueTokenResponse& t : {child, grandchild, other}) {
+    absl::StatusOr<Grant> g = grant(t);
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kUnauthenticated) << t.id();
+  }
+  EXPECT_THAT(grant(grandchild).status().message(),
+              HasSubstr("revoked or removed"));
+
+  // Removing a file token from the file ends what it issued.
+  const v1::IssueTokenResponse from_file = issue(job, "job1/y/");
+  const v1::IssueTokenResponse below = issue(*grant(from_file), "job1/y/z/");
+  ASSERT_TRUE(grant(below).ok());
+  Write(absl::StrCat(kAdmin, " admin *\n"));
+  ASSERT_TRUE(auth_->Reload().ok());
+  EXPECT_EQ(grant(from_file).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(grant(below).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
 TEST_F(AuthenticatorTest, IssuedTokensExpire) {

@@ -71,7 +71,8 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   if (!options.auth_tokens.empty()) {
     auto auth = Authenticator::Start({.tokens_file = options.auth_tokens,
                                       .store = server->store_.get(),
-                                      .log = options.log});
+                                      .log = options.log,
+                                      .max_ttl = options.max_token_ttl});
     if (!auth.ok()) return auth.status();
     server->auth_ = std::move(*auth);
   }

@@ -58,6 +58,8 @@ struct ServerOptions {
   // The tokens file (auth.h, auth.proto); empty: auth off, every call
   // allowed.
   std::string auth_tokens;
+  // The longest lifetime of an issued token (AuthenticatorOptions::max_ttl).
+  absl::Duration max_token_ttl = absl::Hours(24 * 30);
   // Replicas over one etcd cluster (--engine=etcd): the rendezvous and
   // membership state machines run on the replica elected through etcd
   // (etcd_leadership.h); the others pass those calls on to it. Empty

@@ -64,6 +64,9 @@ ABSL_FLAG(std::string, auth_tokens, "",
 ABSL_FLAG(std::string, health_listen, "",
           "HOST:PORT of a plaintext port serving only grpc.health.v1 (for "
           "Kubernetes' gRPC probes when --listen serves TLS); empty: none");
+ABSL_FLAG(absl::Duration, max_token_ttl, absl::Hours(24 * 30),
+          "with --auth_tokens: the longest lifetime of an issued token "
+          "(IssueToken's ttl 0 gets it)");
 ABSL_FLAG(bool, tcpstore_require_token, true,
           "with --auth_tokens: the TCPStore listener serves only connections "
           "whose hello carries a token covering their namespace (cohortrun's "
@@ -295,6 +298,13 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.tcpstore_listen = absl::GetFlag(FLAGS_tcpstore_listen);
   options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
+  options.max_token_ttl = absl::GetFlag(FLAGS_max_token_ttl);
+  if (options.max_token_ttl <= absl::ZeroDuration() ||
+      options.max_token_ttl > absl::Hours(24 * 3650)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--max_token_ttl must be above 0 and at most 3650 days, got ",
+        absl::FormatDuration(options.max_token_ttl))));
+  }
   options.tls = {.cert_file = absl::GetFlag(FLAGS_tls_cert),
                  .key_file = absl::GetFlag(FLAGS_tls_key),
                  .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca)};
