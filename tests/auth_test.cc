@@ -196,7 +196,7 @@ TEST_F(AuthTest, ListWatchAndNumKeysNeverReachSiblingJobs) {
         EXPECT_TRUE(covered(key)) << "listing '" << prefix << "' gave " << key;
       }
     }
-    for (const std::string& prefix : {"job10", "job1.", "runs/job10",
+    for (const char* prefix : {"job10", "job1.", "runs/job10",
                                       "/cohortrun/job10/"}) {
       v1::ListKeysRequest list;
       list.set_prefix(prefix);
@@ -214,7 +214,7 @@ TEST_F(AuthTest, ListWatchAndNumKeysNeverReachSiblingJobs) {
   // Watches from the first revision (history), then live: a sibling's write
   // is committed before job1's marker, so in revision order it would have
   // come first had it leaked.
-  for (const std::string& prefix : {"job1", "runs/job1", "/cohortrun/job1"}) {
+  for (const std::string prefix : {"job1", "runs/job1", "/cohortrun/job1"}) {
     auto context = As(kReader);
     context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
     v1::WatchRequest watch;
