@@ -183,31 +183,7 @@ def init_storm_procs(port, n, procs, tag):
 
 def init_storm(port, n, tag):
     clients = [connect(port) for _ in range(n)]
-    barrier = threading.Barrier(n + 1)
-    errors = []
-
-    def rank(r):
-        s = clients[r]
-        barrier.wait()
-        try:
-            s.add(f"{tag}/arrived", 1)
-            s.set(f"{tag}/addr/{r}", b"a" * 64)
-            s.wait([f"{tag}/addr/{p}" for p in range(n)])
-            for p in range(n):
-                s.get(f"{tag}/addr/{p}")
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-
-    ts = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
-    for t in ts:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in ts:
-        t.join()
-    wall = time.perf_counter() - t0
-    if errors:
-        raise RuntimeError(f"init storm {n}: {len(errors)} ranks failed, first: {errors[0]}")
+    wall = torch_init_storm.storm(clients, tag)
     del clients
     return wall
 
@@ -249,9 +225,10 @@ def main():
         os.environ["TORCH_STORE_COMPARE_REEXEC"] = "1"
         os.execv(python, [python, os.path.abspath(__file__)] + sys.argv[1:])
     # Imported only now, so that the torch is --python's.
-    global torch_tcpstore
+    global torch_tcpstore, torch_init_storm
     sys.path.insert(0, BASELINES)
     import torch_tcpstore
+    import torch_init_storm
     if args.quick:
         args.rounds, args.ops, args.storm = 1, 500, "64"
     backends = args.backends.split(",")

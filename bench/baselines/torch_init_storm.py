@@ -29,6 +29,40 @@ import time
 import torch_tcpstore
 
 
+def storm(clients, tag=""):
+    """Runs the storm on `clients` (one connected TCPStore client per rank),
+    keys under `tag` + "/" when given; returns the wall time in seconds from
+    the release until the last rank is done. Raises on any rank's error."""
+    n = len(clients)
+    key = (lambda k: f"{tag}/{k}") if tag else (lambda k: k)
+    release = threading.Barrier(n + 1)
+    errors = []
+
+    def rank(r):
+        s = clients[r]
+        release.wait()
+        try:
+            s.add(key("arrived"), 1)
+            s.set(key(f"addr/{r}"), b"a" * 64)
+            s.wait([key(f"addr/{peer}") for peer in range(n)])
+            for peer in range(n):
+                s.get(key(f"addr/{peer}"))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(f"rank {r}: {e}")
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    release.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"init storm: {len(errors)} of {n} ranks failed; first: {errors[0]}")
+    return wall
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -42,31 +76,10 @@ def main():
     server = torch_tcpstore.server(a.use_libuv)
     print(f"# {torch_tcpstore.describe(server)}", flush=True)
     clients = [torch_tcpstore.client(server.port) for _ in range(n)]
-    release = threading.Barrier(n + 1)
-    errors = []
-
-    def rank(r):
-        s = clients[r]
-        release.wait()
-        try:
-            s.add("arrived", 1)
-            s.set(f"addr/{r}", b"a" * 64)
-            s.wait([f"addr/{peer}" for peer in range(n)])
-            for peer in range(n):
-                s.get(f"addr/{peer}")
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(f"rank {r}: {e}")
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    release.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    if errors:
-        sys.exit(f"torch_init_storm: {len(errors)} of {n} ranks failed; first: {errors[0]}")
+    try:
+        wall = storm(clients)
+    except RuntimeError as e:
+        sys.exit(f"torch_init_storm: {e}")
     print(f"torch-TCPStore init-storm ranks={n} gets={n * n} wall_s={wall:.3f}", flush=True)
 
 
