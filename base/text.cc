@@ -11,6 +11,12 @@ std::string Quote(absl::string_view key) {
   return absl::StrCat("\"", out, "\"");
 }
 
+std::string Escape(absl::string_view text, size_t max) {
+  std::string out = absl::CHexEscape(text.substr(0, max));
+  if (text.size() > max) absl::StrAppend(&out, "...");
+  return out;
+}
+
 std::string ListSome(const std::vector<std::string>& names) {
   return FirstFew(
       names.begin(), names.end(), 16,

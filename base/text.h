@@ -15,6 +15,12 @@ namespace cohort::base {
 // A key (or value) for a message: quoted, escaped, cut after 64 bytes.
 std::string Quote(absl::string_view key);
 
+// Text a peer chose (a name, a host, an error it reported) for a message or
+// a log line, inside quotes the caller writes or none: escaped, so that no
+// control byte reaches a terminal or a log raw and no line can be forged,
+// and cut after `max` bytes ("..." marks the cut).
+std::string Escape(absl::string_view text, size_t max = 512);
+
 // The first `shown` items of [begin, end), each passed through `format`,
 // joined by ", ", then " and N more" when there were more. Reads only as
 // far as it needs plus a count, so a million-entry map costs a count.

@@ -17,6 +17,13 @@ TEST(QuoteTest, EscapesAndCuts) {
             absl::StrCat("\"", std::string(64, 'k'), "...\""));
 }
 
+TEST(EscapeTest, EscapesControlBytesAndCuts) {
+  EXPECT_EQ(Escape("node-1"), "node-1");
+  EXPECT_EQ(Escape("a\nb\r\x1b[2K'\"\x7f"), "a\\nb\\r\\x1b[2K\\'\\\"\\x7f");
+  EXPECT_EQ(Escape(std::string(10, 'k'), 4), "kkkk...");
+  EXPECT_EQ(Escape("kkkk", 4), "kkkk");
+}
+
 TEST(ListSomeTest, ShortListsAreWhole) {
   EXPECT_EQ(ListSome({}), "");
   EXPECT_EQ(ListSome({"a", "b"}), "a, b");

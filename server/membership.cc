@@ -5,7 +5,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "base/text.h"
 #include "server/records.h"
 
@@ -23,8 +22,9 @@ absl::Status ValidateId(absl::string_view what, absl::string_view id) {
     return absl::InvalidArgumentError(absl::StrCat(what, " must not be empty"));
   }
   if (absl::StrContains(id, '/') || id.size() > 512) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " '", id, "' must be at most 512 bytes and contain no '/'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", base::Escape(id, 64),
+                     "' must be at most 512 bytes and contain no '/'"));
   }
   return absl::OkStatus();
 }
@@ -103,13 +103,15 @@ std::string Membership::Describe(const std::string& group,
     auto m = g->second.members.find(name);
     if (m != g->second.members.end()) {
       const v1::MemberInfo& info = m->second.info;
-      std::string who =
-          info.rank() >= 0 ? absl::StrCat("rank ", info.rank()) : info.name();
-      if (!info.host().empty()) absl::StrAppend(&who, " (", info.host(), ")");
+      std::string who = info.rank() >= 0 ? absl::StrCat("rank ", info.rank())
+                                         : base::Escape(info.name());
+      if (!info.host().empty()) {
+        absl::StrAppend(&who, " (", base::Escape(info.host()), ")");
+      }
       return who;
     }
   }
-  return name;
+  return base::Escape(name);
 }
 
 absl::StatusOr<Membership::Live*> Membership::FindLocked(
@@ -123,8 +125,9 @@ absl::StatusOr<Membership::Live*> Membership::FindLocked(
     }
   }
   return absl::NotFoundError(absl::StrCat(
-      "'", name, "' (incarnation ", incarnation, ") is not a live member of '",
-      group, "': it left, was declared failed or was replaced; join again"));
+      "'", base::Escape(name), "' (incarnation ", incarnation,
+      ") is not a live member of '", base::Escape(group),
+      "': it left, was declared failed or was replaced; join again"));
 }
 
 absl::StatusOr<v1::JoinGroupResponse> Membership::Join(
@@ -224,9 +227,10 @@ absl::Status Membership::ReportError(const v1::ReportErrorRequest& req) {
         !s.ok()) {
       return s;
     }
-    AbortBarriersLocked(groups_[req.group()], req.group(), req.name(),
-                        absl::StrCat("reported an error: ", req.message()),
-                        deferred);
+    AbortBarriersLocked(
+        groups_[req.group()], req.group(), req.name(),
+        absl::StrCat("reported an error: ", base::Escape(req.message(), 4096)),
+        deferred);
   }
   for (auto& fn : deferred) fn();
   return absl::OkStatus();
@@ -331,16 +335,21 @@ Membership::BarrierId Membership::Barrier(const v1::BarrierRequest& req,
             });
       }
       absl::Status rejected;
+      auto escape = [](const std::string& name) { return base::Escape(name); };
       if (!named.empty() && named != barrier.participants) {
         rejected = absl::InvalidArgumentError(absl::StrCat(
-            "barrier '", req.barrier_id(), "' was started with participants [",
-            absl::StrJoin(barrier.participants, ", "), "], not [",
-            absl::StrJoin(named, ", "), "]"));
+            "barrier '", base::Escape(req.barrier_id()),
+            "' was started with participants [",
+            base::FirstFew(barrier.participants.begin(),
+                           barrier.participants.end(), 16, escape),
+            "], not [", base::FirstFew(named.begin(), named.end(), 16, escape),
+            "]"));
       } else if (!std::binary_search(barrier.participants.begin(),
                                      barrier.participants.end(), req.name())) {
         rejected = absl::FailedPreconditionError(
-            absl::StrCat("'", req.name(), "' is not a participant of barrier '",
-                         req.barrier_id(), "'"));
+            absl::StrCat("'", base::Escape(req.name()),
+                         "' is not a participant of barrier '",
+                         base::Escape(req.barrier_id()), "'"));
       }
       if (!rejected.ok()) {
         deferred.push_back([done, rejected] { done(rejected); });
@@ -364,7 +373,7 @@ Membership::BarrierId Membership::Barrier(const v1::BarrierRequest& req,
         if (gone != nullptr) {
           FailBarrierLocked(group, req.barrier_id(),
                             absl::AbortedError(absl::StrCat(
-                                "barrier '", req.barrier_id(),
+                                "barrier '", base::Escape(req.barrier_id()),
                                 "' aborted: ", Describe(req.group(), *gone),
                                 " is not a live member")),
                             deferred);
@@ -443,7 +452,7 @@ void Membership::AbortBarriersLocked(Group& group,
   for (const std::string& barrier_id : affected) {
     FailBarrierLocked(group, barrier_id,
                       absl::AbortedError(absl::StrCat(
-                          "barrier '", barrier_id,
+                          "barrier '", base::Escape(barrier_id),
                           "' aborted: ", Describe(group_name, name), " ", why)),
                       deferred);
   }
@@ -472,7 +481,7 @@ void Membership::OnBarrierTimeout(const std::string& group_name,
     FailBarrierLocked(
         group, barrier_id,
         absl::DeadlineExceededError(absl::StrCat(
-            "barrier '", barrier_id, "' timed out after ",
+            "barrier '", base::Escape(barrier_id), "' timed out after ",
             absl::FormatDuration(barrier.timeout), ": ", n - missing.size(),
             "/", n, " arrived; missing: ", base::ListSome(missing))),
         deferred);

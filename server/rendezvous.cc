@@ -29,8 +29,9 @@ absl::Status ValidateRequest(const v1::JoinRequest& req) {
        {std::pair<const char*, const std::string*>{"run_id", &req.run_id()},
         {"node_id", &req.node_id()}}) {
     if (id->empty() || absl::StrContains(*id, '/') || id->size() > 512) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " '", *id, "' must be 1 to 512 bytes with no '/'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " '", base::Escape(*id, 64),
+                       "' must be 1 to 512 bytes with no '/'"));
     }
   }
   if (req.local_world_size() < 1 ||
@@ -97,14 +98,15 @@ Rendezvous::JoinId Rendezvous::Join(const v1::JoinRequest& req,
     absl::Status error = shutdown_;
     if (error.ok() && run.record.phase() == v1::RunState::CLOSED) {
       error = absl::FailedPreconditionError(
-          absl::StrCat("run '", req.run_id(), "' is closed"));
+          absl::StrCat("run '", base::Escape(req.run_id()), "' is closed"));
     }
     if (error.ok() && (req.min_nodes() != run.record.min_nodes() ||
                        req.max_nodes() != run.record.max_nodes())) {
-      error = absl::FailedPreconditionError(absl::StrCat(
-          "run '", req.run_id(), "' has nodes ", run.record.min_nodes(), ":",
-          run.record.max_nodes(), " but node '", req.node_id(), "' asked for ",
-          req.min_nodes(), ":", req.max_nodes()));
+      error = absl::FailedPreconditionError(
+          absl::StrCat("run '", base::Escape(req.run_id()), "' has nodes ",
+                       run.record.min_nodes(), ":", run.record.max_nodes(),
+                       " but node '", base::Escape(req.node_id()),
+                       "' asked for ", req.min_nodes(), ":", req.max_nodes()));
     }
     if (error.ok()) {
       int64_t world = req.local_world_size();
@@ -112,11 +114,11 @@ Rendezvous::JoinId Rendezvous::Join(const v1::JoinRequest& req,
         if (node_id != req.node_id()) world += pending.node.local_world_size();
       }
       if (world > kMaxWorldSize) {
-        error = absl::InvalidArgumentError(
-            absl::StrCat("node '", req.node_id(), "' with local_world_size ",
-                         req.local_world_size(), " would make run '",
-                         req.run_id(), "' a world of ", world,
-                         " ranks, over the limit of ", kMaxWorldSize));
+        error = absl::InvalidArgumentError(absl::StrCat(
+            "node '", base::Escape(req.node_id()), "' with local_world_size ",
+            req.local_world_size(), " would make run '",
+            base::Escape(req.run_id()), "' a world of ", world,
+            " ranks, over the limit of ", kMaxWorldSize));
       }
     }
     if (!error.ok()) {
@@ -250,12 +252,14 @@ void Rendezvous::OnJoinTimeout(const std::string& run_id,
     auto pending = run.collecting.find(node_id);
     if (pending == run.collecting.end() || pending->second.id != id) return;
     status = absl::DeadlineExceededError(absl::StrCat(
-        "rendezvous of run '", run_id, "' round ", CollectingRound(run),
-        " timed out after ", absl::FormatDuration(pending->second.timeout),
-        ": ", run.collecting.size(), " of min_nodes=", run.record.min_nodes(),
+        "rendezvous of run '", base::Escape(run_id), "' round ",
+        CollectingRound(run), " timed out after ",
+        absl::FormatDuration(pending->second.timeout), ": ",
+        run.collecting.size(), " of min_nodes=", run.record.min_nodes(),
         " nodes arrived (",
-        base::FirstFew(run.collecting.begin(), run.collecting.end(), 16,
-                       [](const auto& node) { return node.first; }),
+        base::FirstFew(
+            run.collecting.begin(), run.collecting.end(), 16,
+            [](const auto& node) { return base::Escape(node.first); }),
         ")"));
     done = std::move(pending->second.done);
     run.collecting.erase(pending);
@@ -290,7 +294,8 @@ absl::StatusOr<v1::RunState> Rendezvous::GetRunState(
   absl::MutexLock lock(&mu_);
   auto it = runs_.find(run_id);
   if (it == runs_.end()) {
-    return absl::NotFoundError(absl::StrCat("no run '", run_id, "'"));
+    return absl::NotFoundError(
+        absl::StrCat("no run '", base::Escape(run_id), "'"));
   }
   const Run& run = it->second;
   v1::RunState state = run.record;
@@ -321,12 +326,13 @@ absl::StatusOr<v1::ListParticipantsResponse> Rendezvous::ListParticipants(
   absl::MutexLock lock(&mu_);
   auto it = runs_.find(req.run_id());
   if (it == runs_.end()) {
-    return absl::NotFoundError(absl::StrCat("no run '", req.run_id(), "'"));
+    return absl::NotFoundError(
+        absl::StrCat("no run '", base::Escape(req.run_id()), "'"));
   }
   const Run& run = it->second;
   if (!run.has_completed) {
     return absl::FailedPreconditionError(
-        absl::StrCat("run '", req.run_id(),
+        absl::StrCat("run '", base::Escape(req.run_id()),
                      "' has no completed round yet: its first round is "
                      "still collecting nodes"));
   }
@@ -347,10 +353,10 @@ absl::StatusOr<v1::ListParticipantsResponse> Rendezvous::ListParticipants(
           "run: pass back the previous page's next_page_token");
     }
     if (token_round != round) {
-      return absl::AbortedError(
-          absl::StrCat("run '", req.run_id(), "' completed round ", round,
-                       " while the participants of round ", token_round,
-                       " were being listed: list again"));
+      return absl::AbortedError(absl::StrCat(
+          "run '", base::Escape(req.run_id()), "' completed round ", round,
+          " while the participants of round ", token_round,
+          " were being listed: list again"));
     }
   }
   v1::ListParticipantsResponse resp;
@@ -370,7 +376,8 @@ absl::Status Rendezvous::CloseRun(const std::string& run_id) {
     absl::MutexLock lock(&mu_);
     auto it = runs_.find(run_id);
     if (it == runs_.end()) {
-      return absl::NotFoundError(absl::StrCat("no run '", run_id, "'"));
+      return absl::NotFoundError(
+          absl::StrCat("no run '", base::Escape(run_id), "'"));
     }
     Run& run = it->second;
     if (run.record.phase() == v1::RunState::CLOSED) return absl::OkStatus();
@@ -385,7 +392,7 @@ absl::Status Rendezvous::CloseRun(const std::string& run_id) {
     if (run.last_call != 0) timer_.Cancel(run.last_call);
     run.last_call = 0;
     const absl::Status closed = absl::FailedPreconditionError(
-        absl::StrCat("run '", run_id, "' was closed"));
+        absl::StrCat("run '", base::Escape(run_id), "' was closed"));
     for (auto& [node_id, pending] : run.collecting) {
       timer_.Cancel(pending.timer);
       deferred.push_back(

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/text.h"
 
 extern char** environ;
 
@@ -303,7 +304,7 @@ Launcher::WaitForPeers(const Round& round, absl::Time deadline) {
       // A peer's membership from an earlier round carries that round's
       // node rank (when it differs): not the one to watch.
       if (it == live.end() || it->second->rank != peer.node_rank) {
-        missing.push_back(peer.node_id);
+        missing.push_back(base::Escape(peer.node_id));
       } else {
         peers[peer.node_id] = it->second->incarnation;
       }
@@ -505,16 +506,21 @@ std::optional<std::string> Launcher::PeerTrouble(const Round& round) {
         it->second != event.member.incarnation) {
       continue;
     }
-    const std::string peer = absl::StrCat("peer ", event.member.name);
+    // The peer's name and what it reported are its own text, printed by
+    // this node: escaped, so that a peer cannot forge this node's log lines.
+    const std::string peer =
+        absl::StrCat("peer ", base::Escape(event.member.name));
     switch (event.type) {
       case MemberEvent::Type::kJoined:
         break;
       case MemberEvent::Type::kLeft:
         return absl::StrCat(peer, " left the group");
       case MemberEvent::Type::kFailed:
-        return absl::StrCat(peer, " failed: ", event.message);
+        return absl::StrCat(peer,
+                            " failed: ", base::Escape(event.message, 4096));
       case MemberEvent::Type::kErrorReported:
-        return absl::StrCat(peer, " reported an error: ", event.message);
+        return absl::StrCat(
+            peer, " reported an error: ", base::Escape(event.message, 4096));
     }
   }
   return std::nullopt;
