@@ -88,9 +88,10 @@ class KvEngine {
   virtual absl::Status Flush() = 0;
 
   // OK while writes can be made durable. Otherwise RESOURCE_EXHAUSTED (the
-  // disk is full, or below its reserve) or the engine's error. An engine
-  // that stopped after a failed write tries to resume here once the cause
-  // is gone, so calling this periodically is how writes come back.
+  // disk is full, or cannot hold its reserve: so from the start on a disk
+  // smaller than the reserve) or the engine's error. An engine that
+  // stopped after a failed write tries to resume here once the cause is
+  // gone, so calling this periodically is how writes come back.
   virtual absl::Status CheckWritable() { return absl::OkStatus(); }
 
   // The bytes the engine's files take on disk (0 in memory), for
@@ -159,7 +160,10 @@ struct RocksDbOptions {
   // refused with RESOURCE_EXHAUSTED before RocksDB runs out of space.
   // Deletes are always let through, so the reserve is what lets an operator
   // (or a job's cleanup) delete keys on a full disk, and what RocksDB's own
-  // flushes and compactions use.
+  // flushes and compactions use. Up to 1 MiB of it is held as the file
+  // "cohort-reserve" in the data dir, which another program filling the
+  // disk cannot take: it is given back to deletes once RocksDB itself runs
+  // out of space, and taken again when space returns.
   uint64_t min_free_bytes = 64 << 20;
   // Where RocksDB's warnings and errors go (its info LOG is not written to
   // the data dir, which may be the full disk). Default: stderr.

@@ -69,11 +69,30 @@ void FlushOnLowPool(rocksdb::Env* env) {
   env->SetBackgroundThreads(0, rocksdb::Env::Priority::HIGH);
 }
 
-int64_t FreeBytes(const std::string& path) {
+// The size of the filesystem holding `path` and its bytes free for an
+// unprivileged writer; -1 each if they cannot be read.
+struct DiskSpace {
+  int64_t total = -1;
+  int64_t free = -1;
+};
+
+DiskSpace StatDisk(const std::string& path) {
   struct statvfs st;
-  if (statvfs(path.c_str(), &st) != 0) return -1;
-  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+  if (statvfs(path.c_str(), &st) != 0) return {};
+  const int64_t unit = static_cast<int64_t>(st.f_frsize);
+  return {.total = static_cast<int64_t>(st.f_blocks) * unit,
+          .free = static_cast<int64_t>(st.f_bavail) * unit};
 }
+
+int64_t FreeBytes(const std::string& path) { return StatDisk(path).free; }
+
+// Up to this much of the reserve is held as a file of zeros in the data dir
+// (the ballast), so that another program filling the disk cannot take it.
+// It is given back when RocksDB runs out of space: enough to reopen RocksDB
+// (a new WAL, MANIFEST and OPTIONS file) and log about ten thousand
+// deletes. Bounded, since it is written whenever it is taken.
+constexpr uint64_t kMaxBallastBytes = 1 << 20;
+constexpr char kBallastName[] = "cohort-reserve";
 
 // A RocksDB status as an absl one: running out of space is
 // RESOURCE_EXHAUSTED naming the data dir, anything else INTERNAL.
@@ -135,7 +154,12 @@ class RocksDbEngine final : public KvEngine {
         db_options_(std::move(db_options)),
         db_(std::move(db)),
         path_(options.path),
-        min_free_bytes_(options.min_free_bytes) {
+        min_free_bytes_(options.min_free_bytes),
+        ballast_path_(
+            (std::filesystem::path(options.path) / kBallastName).string()),
+        ballast_bytes_(
+            std::min<uint64_t>(options.min_free_bytes, kMaxBallastBytes)),
+        log_(options.log) {
     write_options_.sync = options.sync_writes;
   }
 
@@ -245,26 +269,30 @@ class RocksDbEngine final : public KvEngine {
       }
     }
     batch.Put(kRevisionKey, EncodeRevision(revision));
+    // Deletes pass the reserve, and may spend its ballast: they are how
+    // space is given back, and how a job cleans up on a full disk.
+    const bool deletes_only = put_bytes == 0;
     // After a failed write RocksDB takes no more until it resumes, which is
     // tried once the space is back.
     if (!failed_.ok()) {
-      if (absl::Status s = CheckWritable(); !s.ok()) return s;
+      absl::Status s = ResumeIfSpace();
+      if (absl::IsResourceExhausted(s) && deletes_only) s = ReopenOnBallast();
+      if (!s.ok()) return s;
     }
-    // Deletes pass the reserve: they are how space is given back.
-    if (put_bytes > 0) {
+    if (!deletes_only) {
       if (absl::Status s = Admit(put_bytes); !s.ok()) return s;
     }
-    const absl::Time started = absl::Now();
-    rocksdb::Status written = db_->Write(write_options_, &batch);
-    if (write_options_.sync && on_sync_ && written.ok()) {
-      on_sync_(absl::Now() - started);
-    }
+    rocksdb::Status written = Write(batch);
     if (!written.ok()) {
       failed_ = FromRocks(written, "write");
-      if (absl::IsResourceExhausted(failed_)) {
-        needed_free_ = min_free_bytes_ + kResumeFreeBytes;
+      if (!absl::IsResourceExhausted(failed_)) return failed_;
+      needed_free_ = std::max(needed_free_, min_free_bytes_ + kResumeFreeBytes);
+      if (!deletes_only || !ReopenOnBallast().ok()) return failed_;
+      written = Write(batch);
+      if (!written.ok()) {
+        failed_ = FromRocks(written, "write");
+        return failed_;
       }
-      return failed_;
     }
     for (const Mutation& m : mutations) {
       if (m.kind == Mutation::Kind::kPut) {
@@ -327,7 +355,7 @@ class RocksDbEngine final : public KvEngine {
   }
 
   absl::Status Flush() override {
-    if (absl::Status s = CheckWritable(); !s.ok()) return s;
+    if (absl::Status s = ResumeIfSpace(); !s.ok()) return s;
     if (db_ == nullptr) return failed_;
     const absl::Time started = absl::Now();
     if (absl::Status s = FromRocks(db_->FlushWAL(/*sync=*/true), "flush wal");
@@ -343,8 +371,8 @@ class RocksDbEngine final : public KvEngine {
     uint64_t total = 0;
     std::error_code ec;
     // A file removed mid-scan (compaction) is skipped, not an error.
-    for (fs::recursive_directory_iterator it(path_, ec), end;
-         !ec && it != end; it.increment(ec)) {
+    for (fs::recursive_directory_iterator it(path_, ec), end; !ec && it != end;
+         it.increment(ec)) {
       std::error_code size_ec;
       if (!it->is_regular_file(size_ec)) continue;
       const uintmax_t size = it->file_size(size_ec);
@@ -358,6 +386,86 @@ class RocksDbEngine final : public KvEngine {
   }
 
   absl::Status CheckWritable() override {
+    DiskSpace disk = StatDisk(path_);
+    if (!ballast_held_ && disk.free >= 0 &&
+        static_cast<uint64_t>(disk.free) >= ballast_bytes_ + kResumeFreeBytes &&
+        HoldBallast()) {
+      disk.free -= ballast_bytes_;
+    }
+    if (absl::Status s = ResumeIfSpace(); !s.ok()) return s;
+    if (disk.free < 0) return absl::OkStatus();
+    const uint64_t held = ballast_held_ ? ballast_bytes_ : 0;
+    if (memtable_grown_ && static_cast<uint64_t>(disk.free) + held >=
+                               min_free_bytes_ + UnflushedBytes()) {
+      // The disk can hold the grown memtables' flush (puts are admitted
+      // only then, too).
+      memtable_grown_ =
+          !db_->SetOptions({{"write_buffer_size",
+                             absl::StrCat(db_options_.write_buffer_size)}})
+               .ok();
+    }
+    return CheckReserve(disk);
+  }
+
+  // Takes the ballast out of the disk's free space, or finds it still
+  // there from the last run. Returns whether it is held.
+  bool HoldBallast() {
+    if (ballast_held_ || ballast_bytes_ == 0) return ballast_held_;
+    rocksdb::FileSystem* fs = db_options_.env->GetFileSystem().get();
+    const rocksdb::IOOptions io;
+    uint64_t size = 0;
+    if (fs->GetFileSize(ballast_path_, io, &size, nullptr).ok() &&
+        size == ballast_bytes_) {
+      ballast_held_ = true;
+      return true;
+    }
+    // Zeros written and synced, not fallocated: every filesystem then
+    // counts the blocks as used.
+    rocksdb::FileOptions file_options;
+    file_options.allow_fallocate = false;
+    std::unique_ptr<rocksdb::FSWritableFile> file;
+    rocksdb::IOStatus s =
+        fs->NewWritableFile(ballast_path_, file_options, &file, nullptr);
+    const std::string zeros(64 << 10, '\0');
+    for (uint64_t written = 0; s.ok() && written < ballast_bytes_;) {
+      const size_t n =
+          std::min<uint64_t>(zeros.size(), ballast_bytes_ - written);
+      s = file->Append(rocksdb::Slice(zeros.data(), n), io, nullptr);
+      written += n;
+    }
+    if (s.ok()) s = file->Sync(io, nullptr);
+    if (file != nullptr) {
+      rocksdb::IOStatus closed = file->Close(io, nullptr);
+      if (s.ok()) s = closed;
+    }
+    if (!s.ok()) {
+      fs->DeleteFile(ballast_path_, io, nullptr).PermitUncheckedError();
+      return false;
+    }
+    ballast_held_ = true;
+    free_checked_ = -1;
+    return true;
+  }
+
+  // A data dir left without a reserve (--min_free_bytes=0) keeps no
+  // ballast from an earlier run either.
+  void DropStaleBallast() {
+    if (ballast_bytes_ != 0) return;
+    db_options_.env->GetFileSystem()
+        ->DeleteFile(ballast_path_, rocksdb::IOOptions(), nullptr)
+        .PermitUncheckedError();
+  }
+
+ private:
+  // Free space, beyond the reserve, that must come back before RocksDB is
+  // asked to resume after running out of it.
+  static constexpr uint64_t kResumeFreeBytes = 4 << 20;
+  // How much larger than configured a reopened database's memtables are.
+  static constexpr int kReopenMemtableFactor = 4;
+
+  // Once a failed write's cause may be gone (needed_free_ is free), lets
+  // RocksDB go on. Says nothing of the reserve.
+  absl::Status ResumeIfSpace() {
     if (needed_free_ > 0) {
       const int64_t free = FreeBytes(path_);
       if (free >= 0 && static_cast<uint64_t>(free) < needed_free_) {
@@ -375,10 +483,66 @@ class RocksDbEngine final : public KvEngine {
     return Resume();
   }
 
- private:
-  // Free space, beyond the reserve, that must come back before RocksDB is
-  // asked to resume after running out of it.
-  static constexpr uint64_t kResumeFreeBytes = 4 << 20;
+  // RESOURCE_EXHAUSTED while the disk cannot hold the reserve, so health is
+  // NOT_SERVING from the start on a disk too small for it, not only after
+  // the first refused write. `disk` is the data dir's, just read.
+  absl::Status CheckReserve(const DiskSpace& disk) const {
+    const uint64_t held = ballast_held_ ? ballast_bytes_ : 0;
+    if (static_cast<uint64_t>(disk.free) + held >= min_free_bytes_) {
+      return absl::OkStatus();
+    }
+    const bool too_small =
+        disk.total >= 0 && static_cast<uint64_t>(disk.total) < min_free_bytes_;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the data dir ", path_, " is on a disk of ", disk.total, " bytes with ",
+        disk.free + held, " free for cohortd, less than the ", min_free_bytes_,
+        " bytes it keeps in reserve (--min_free_bytes): every write is "
+        "refused until ",
+        too_small ? "--min_free_bytes is lowered below the disk's size or the "
+                    "data dir moves to a larger disk"
+                  : "space is freed on that disk (or --min_free_bytes lowered)",
+        "; reads and deletes work"));
+  }
+
+  // For deletes on a disk that something else filled: gives the ballast
+  // back and reopens RocksDB in that room, so the delete can be logged.
+  // Reopening replays the WAL without a flush, where a resume would flush
+  // the memtables, which may need far more than the ballast. Puts stay
+  // refused (Admit no longer counts the ballast) until space is back.
+  absl::Status ReopenOnBallast() {
+    if (!ballast_held_ || *reads_out_ > 0) return failed_;
+    const rocksdb::IOStatus removed =
+        db_options_.env->GetFileSystem()->DeleteFile(
+            ballast_path_, rocksdb::IOOptions(), nullptr);
+    if (!removed.ok()) return failed_;
+    ballast_held_ = false;
+    free_checked_ = -1;
+    if (log_) {
+      log_(absl::StrCat("the data dir ", path_,
+                        " is full: gave back the reserve's ", ballast_bytes_,
+                        "-byte ballast file to let deletes through; it is "
+                        "taken again once ",
+                        ballast_bytes_ + kResumeFreeBytes, " bytes are free"));
+    }
+    last_reopen_ = absl::Now();
+    rocksdb::Status s = Reopen();
+    if (!s.ok()) {
+      absl::Status reopened = FromRocks(s, "reopen");
+      if (!absl::IsResourceExhausted(reopened)) failed_ = reopened;
+      return failed_;
+    }
+    failed_ = absl::OkStatus();
+    return failed_;
+  }
+
+  rocksdb::Status Write(rocksdb::WriteBatch& batch) {
+    const absl::Time started = absl::Now();
+    rocksdb::Status written = db_->Write(write_options_, &batch);
+    if (write_options_.sync && on_sync_ && written.ok()) {
+      on_sync_(absl::Now() - started);
+    }
+    return written;
+  }
 
   // RocksDB stops writing after a failed write; once the cause may be gone,
   // this lets it start a new WAL and go on. While RocksDB's own recovery
@@ -413,25 +577,41 @@ class RocksDbEngine final : public KvEngine {
   rocksdb::Status Reopen() {
     if (db_ != nullptr) db_->Close().PermitUncheckedError();
     db_.reset();
+    // Replaying the WAL flushes a memtable that fills, and after a failed
+    // flush the WAL holds up to two memtables' worth: a flush the disk may
+    // have no room for. Larger memtables hold it all until it has.
+    rocksdb::Options options = db_options_;
+    options.write_buffer_size *= kReopenMemtableFactor;
     rocksdb::DB* raw = nullptr;
-    rocksdb::Status s = rocksdb::DB::Open(db_options_, path_, &raw);
+    rocksdb::Status s = rocksdb::DB::Open(options, path_, &raw);
     if (s.ok()) FlushOnLowPool(db_options_.env);
     if (!s.ok()) {
       // Reads go on from a read-only instance until a later Reopen works.
       rocksdb::DB* read_only = nullptr;
-      if (rocksdb::DB::OpenForReadOnly(db_options_, path_, &read_only).ok()) {
+      if (rocksdb::DB::OpenForReadOnly(options, path_, &read_only).ok()) {
         db_.reset(read_only);
         read_only_ = true;
       }
       return s;
     }
     read_only_ = false;
+    memtable_grown_ = true;
     db_.reset(raw);
     keys_.clear();
     if (absl::Status loaded = Load(); !loaded.ok()) {
       return rocksdb::Status::IOError(std::string(loaded.message()));
     }
     return s;
+  }
+
+  // The memtables' size, about what their flush will need on disk.
+  uint64_t UnflushedBytes() const {
+    uint64_t unflushed = 0;
+    if (db_ != nullptr) {
+      db_->GetIntProperty(rocksdb::DB::Properties::kCurSizeAllMemTables,
+                          &unflushed);
+    }
+    return unflushed;
   }
 
   absl::Status FromRocks(const rocksdb::Status& s,
@@ -447,10 +627,7 @@ class RocksDbEngine final : public KvEngine {
   // again only every kFreeSpaceRecheck, or sooner once the writes since
   // could have used half of the margin it showed.
   absl::Status Admit(size_t bytes) {
-    uint64_t unflushed = 0;
-    if (db_ != nullptr)
-      db_->GetIntProperty(rocksdb::DB::Properties::kCurSizeAllMemTables,
-                          &unflushed);
+    const uint64_t unflushed = UnflushedBytes();
     const uint64_t needed = min_free_bytes_ + unflushed + bytes;
     const absl::Time now = absl::Now();
     admitted_since_check_ += bytes;
@@ -461,18 +638,24 @@ class RocksDbEngine final : public KvEngine {
       return absl::OkStatus();
     }
     const int64_t free = FreeBytes(path_);
-    free_checked_ = free;
-    free_checked_at_ = now;
     admitted_since_check_ = 0;
-    if (free < 0) return absl::OkStatus();  // Unknown: let RocksDB decide.
-    if (static_cast<uint64_t>(free) >= needed) return absl::OkStatus();
+    free_checked_at_ = now;
+    if (free < 0) {
+      free_checked_ = -1;
+      return absl::OkStatus();  // Unknown: let RocksDB decide.
+    }
+    // The ballast is reserve that the disk already counts as used.
+    const uint64_t held = ballast_held_ ? ballast_bytes_ : 0;
+    free_checked_ = free + held;
+    if (static_cast<uint64_t>(free_checked_) >= needed) return absl::OkStatus();
     free_checked_ = -1;  // Ask again next time.
-    needed_free_ = std::max(needed_free_, needed);
+    needed_free_ = std::max(needed_free_, needed - std::min(needed, held));
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the data dir ", path_, " has ", free,
-        " bytes free, and cohortd "
-        "keeps ",
-        min_free_bytes_,
+        "the data dir ", path_, " has ", free, " bytes free",
+        held > 0
+            ? absl::StrCat(" (plus the reserve's ", held, "-byte ballast file)")
+            : std::string(),
+        ", and cohortd keeps ", min_free_bytes_,
         " bytes in reserve (--min_free_bytes) "
         "plus ",
         unflushed, " for flushing the memtables",
@@ -501,6 +684,14 @@ class RocksDbEngine final : public KvEngine {
   absl::Status failed_;
   // Set while db_ is a read-only instance, after a reopen failed.
   bool read_only_ = false;
+  // The ballast: ballast_bytes_ of the reserve held as a file, while
+  // ballast_held_.
+  const std::string ballast_path_;
+  const uint64_t ballast_bytes_;
+  bool ballast_held_ = false;
+  // Set from a Reopen until the disk can hold the grown memtables' flush.
+  bool memtable_grown_ = false;
+  const std::function<void(absl::string_view)> log_;
   absl::Time last_reopen_ = absl::InfinitePast();
   // While nonzero, writes are known not to fit: health stays NOT_SERVING
   // until this many bytes are free.
@@ -566,6 +757,8 @@ absl::StatusOr<std::unique_ptr<KvEngine>> OpenRocksDbEngine(
   auto engine = std::make_unique<RocksDbEngine>(
       std::move(env), db_options, std::unique_ptr<rocksdb::DB>(raw), options);
   if (absl::Status st = engine->Load(); !st.ok()) return st;
+  engine->DropStaleBallast();
+  engine->HoldBallast();
   return engine;
 }
 

@@ -4,9 +4,11 @@
 //
 // Writers hammer the store until the disk is full. cohortd must never abort,
 // must answer RESOURCE_EXHAUSTED naming the data dir, turn health
-// NOT_SERVING, still let keys be deleted, come back by itself once space is
-// freed, stop cleanly on SIGTERM, refuse to start on a full disk with a
-// clear message, and lose nothing it acknowledged.
+// NOT_SERVING (from the start, with a warning, on a disk that cannot hold
+// the reserve), still let keys be deleted (even once RocksDB itself ran out
+// of space), come back by itself once space is freed, stop cleanly on
+// SIGTERM, refuse to start on a full disk with a clear message, and lose
+// nothing it acknowledged.
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -78,9 +80,13 @@ std::string ValueFor(const std::string& key, size_t size) {
 
 class DiskFullTest : public ::testing::Test {
  protected:
+  // The size of the tmpfs each test gets, in MiB.
+  virtual int DiskMib() const { return 128; }
+
   void SetUp() override {
     auto mounted = MountTmpfs(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name(), 128);
+        ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+        DiskMib());
     if (!mounted.ok()) GTEST_SKIP() << mounted.status();
     mnt_ = *mounted;
     data_dir_ = mnt_ + "/data";
@@ -185,6 +191,38 @@ class DiskFullTest : public ::testing::Test {
       }
     }
     EXPECT_EQ(lost, 0u) << "of " << acked_.size() << " acknowledged keys";
+  }
+
+  // Deletes `keys` one call each; returns the errors, "key: message".
+  std::vector<std::string> DeleteEach(const CohortdProcess& server,
+                                      const std::vector<std::string>& keys) {
+    auto stub = Stub(server);
+    std::vector<std::string> failed;
+    for (const std::string& key : keys) {
+      v1::DeleteRequest del;
+      del.set_key(key);
+      v1::DeleteResponse deleted;
+      grpc::ClientContext ctx;
+      grpc::Status s = stub->Delete(&ctx, del, &deleted);
+      if (!s.ok()) {
+        failed.push_back(absl::StrCat(key, ": ", s.error_message()));
+      } else if (!deleted.deleted()) {
+        failed.push_back(absl::StrCat(key, ": not there to delete"));
+      }
+    }
+    return failed;
+  }
+
+  // The keys under `prefix`, up to 10000.
+  std::vector<std::string> List(const CohortdProcess& server,
+                                const std::string& prefix) {
+    v1::ListKeysRequest req;
+    req.set_prefix(prefix);
+    v1::ListKeysResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = Stub(server)->ListKeys(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return {resp.keys().begin(), resp.keys().end()};
   }
 
   std::string mnt_, data_dir_;
@@ -320,6 +358,143 @@ TEST_F(DiskFullTest, OutOfSpaceInRocksDbNeverAbortsAndLosesNothing) {
   auto restarted = CohortdProcess::Start({"--data_dir=" + data_dir_});
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   ExpectAllAcked(*restarted);
+}
+
+// Issue 24: with a small reserve on a disk another program filled, RocksDB
+// itself ran out of space logging a delete, and then every delete failed
+// with its error ("7 of 8 deletes failed"). The reserve's ballast file is
+// given back so that they go through.
+TEST_F(DiskFullTest, DeletesWorkOnceRocksDbItselfRanOutOfSpace) {
+  auto server = CohortdProcess::Start(
+      {"--data_dir=" + data_dir_, "--min_free_bytes=1048576"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE(std::filesystem::exists(data_dir_ + "/cohort-reserve"));
+  auto stub = Stub(*server);
+  std::vector<std::string> doomed;
+  for (int i = 0; i < 300; ++i) {
+    const std::string key = absl::StrCat("d/", i);
+    v1::SetRequest set;
+    set.set_key(key);
+    set.set_value(ValueFor(key, 16 << 10));
+    v1::SetResponse set_resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Set(&ctx, set, &set_resp).ok());
+    absl::MutexLock lock(&mu_);
+    acked_[key] = 16 << 10;
+    if (i % 3 != 0) doomed.push_back(key);
+  }
+
+  // Another tenant takes every free byte. The deletes' log records need
+  // more than the last page of the WAL holds, so RocksDB hits ENOSPC.
+  const std::string ballast = mnt_ + "/ballast";
+  FillFile(ballast);
+  EXPECT_THAT(DeleteEach(*server, doomed), ::testing::IsEmpty())
+      << "of " << doomed.size() << " deletes";
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& key : doomed) acked_.erase(key);
+  }
+  EXPECT_EQ(List(*server, "d/").size(), 100u);
+  EXPECT_THAT(server->Log(), HasSubstr("gave back the reserve's 1048576-byte "
+                                       "ballast file to let deletes through"));
+  EXPECT_TRUE(
+      AwaitHealth(*server, grpc::health::v1::HealthCheckResponse::NOT_SERVING));
+  // The ballast let deletes through, not puts.
+  v1::SetRequest set;
+  set.set_key("refused");
+  set.set_value("x");
+  v1::SetResponse set_resp;
+  grpc::ClientContext set_ctx;
+  EXPECT_EQ(stub->Set(&set_ctx, set, &set_resp).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  // Space is back: writes and the ballast come back by themselves.
+  std::filesystem::remove(ballast);
+  EXPECT_TRUE(
+      AwaitHealth(*server, grpc::health::v1::HealthCheckResponse::SERVING))
+      << server->Log();
+  EXPECT_TRUE(std::filesystem::exists(data_dir_ + "/cohort-reserve"));
+  grpc::ClientContext after_ctx;
+  set.set_key("after");
+  set.set_value(ValueFor("after", 10));
+  EXPECT_TRUE(stub->Set(&after_ctx, set, &set_resp).ok());
+  {
+    absl::MutexLock lock(&mu_);
+    acked_["after"] = 10;
+  }
+
+  const int status = server->Stop(SIGTERM);
+  ASSERT_TRUE(WIFEXITED(status)) << server->Log();
+  EXPECT_EQ(WEXITSTATUS(status), 0) << server->Log();
+  auto restarted = CohortdProcess::Start({"--data_dir=" + data_dir_});
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  EXPECT_EQ(List(*restarted, "d/").size(), 100u);
+  ExpectAllAcked(*restarted);
+}
+
+class SmallDiskTest : public DiskFullTest {
+ protected:
+  int DiskMib() const override { return 16; }
+};
+
+// Issue 24: on a disk smaller than the reserve every write is refused, yet
+// cohortd started without a word and health said SERVING until the first
+// refused write.
+TEST_F(SmallDiskTest, ReserveLargerThanTheDiskIsNotServingFromTheStart) {
+  auto server = CohortdProcess::Start({"--data_dir=" + data_dir_});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ(Health(*server),
+            grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(Health(*server, "liveness"),
+            grpc::health::v1::HealthCheckResponse::SERVING);
+  const std::string log = server->Log();
+  EXPECT_THAT(log,
+              HasSubstr(absl::StrCat("warning: the data dir ", data_dir_,
+                                     " is on a disk of ", 16 << 20, " bytes")));
+  EXPECT_THAT(log, HasSubstr(absl::StrCat(
+                       "less than the ", 64 << 20,
+                       " bytes it keeps in reserve (--min_free_bytes)")));
+  EXPECT_THAT(log, HasSubstr("--min_free_bytes is lowered below the disk's"));
+  EXPECT_LT(log.find("warning: "), log.find("serving cohort.v1.Store on "));
+
+  // The refusal it announced; reads and deletes work.
+  auto stub = Stub(*server);
+  v1::SetRequest set;
+  set.set_key("k");
+  set.set_value("v");
+  v1::SetResponse set_resp;
+  grpc::ClientContext ctx;
+  EXPECT_EQ(stub->Set(&ctx, set, &set_resp).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(DeleteEach(*server, {"k"}),
+              ::testing::ElementsAre("k: not there to delete"));
+}
+
+// The same from a disk whose free space, not its size, is short of the
+// reserve at start; health turns SERVING once the space is there.
+TEST_F(DiskFullTest, ReserveTheFreeSpaceCannotHoldIsNotServingUntilItCan) {
+  const std::string ballast = mnt_ + "/ballast";
+  FillFile(ballast, 120 << 20);
+  auto server = CohortdProcess::Start(
+      {"--data_dir=" + data_dir_, "--min_free_bytes=16777216"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ(Health(*server),
+            grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_THAT(server->Log(), HasSubstr(absl::StrCat(
+                                 "warning: the data dir ", data_dir_,
+                                 " is on a disk of ", 128 << 20, " bytes")));
+  EXPECT_THAT(server->Log(), HasSubstr("until space is freed on that disk"));
+
+  std::filesystem::remove(ballast);
+  EXPECT_TRUE(
+      AwaitHealth(*server, grpc::health::v1::HealthCheckResponse::SERVING));
+  EXPECT_THAT(server->Log(), HasSubstr("health: SERVING again"));
+  v1::SetRequest set;
+  set.set_key("k");
+  set.set_value("v");
+  v1::SetResponse set_resp;
+  grpc::ClientContext ctx;
+  EXPECT_TRUE(Stub(*server)->Set(&ctx, set, &set_resp).ok());
 }
 
 }  // namespace
