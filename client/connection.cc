@@ -1,19 +1,22 @@
 #include "client/connection.h"
 
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/grpc_status.h"
+#include "client/peer_probe.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 
@@ -33,53 +36,138 @@ absl::StatusOr<std::string> ReadFile(const std::string& path,
   return text.str();
 }
 
-// What answers at HOST:PORT, told from its first bytes after an HTTP/2
-// client preface: a plaintext gRPC server answers with an HTTP/2 frame, a
-// TLS server with an alert record or by closing.
-enum class Peer { kUnreachable, kPlaintext, kTls, kUnknown };
+// How long a probe waits for the peer's first bytes: long enough for a
+// loaded cohortd to answer, a small part of what the caller waits in all.
+absl::Duration ProbeWait(absl::Duration connect_timeout) {
+  return std::clamp(connect_timeout / 4, absl::Milliseconds(250),
+                    absl::Seconds(2));
+}
 
-Peer ProbePeer(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[') {
-    host = host.substr(1, host.size() - 2);
-  }
-  const std::string port = address.substr(colon + 1);
-  addrinfo hints = {};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) {
-    return Peer::kUnreachable;
-  }
-  Peer peer = Peer::kUnreachable;
-  for (addrinfo* a = found; a != nullptr && peer == Peer::kUnreachable;
-       a = a->ai_next) {
-    int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    timeval timeout = {1, 0};
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      static constexpr char kPreface[] =
-          "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
-      unsigned char reply[9];
-      ssize_t got = -1;
-      if (send(fd, kPreface, sizeof(kPreface) - 1, MSG_NOSIGNAL) > 0) {
-        got = recv(fd, reply, sizeof(reply), MSG_WAITALL);
+// Why a channel to cohortd does not become ready, as an error that says
+// what to do: `final` when waiting cannot help (the two sides speak
+// different protocols, or something else answers), and the error is
+// returned at once; otherwise it is what the caller hears once its connect
+// timeout has passed, the part after "cannot connect to cohortd at X
+// within T: ".
+struct Diagnosis {
+  absl::Status status;
+  bool final = false;
+};
+
+Diagnosis Final(std::string message) {
+  return {absl::UnavailableError(std::move(message)), true};
+}
+Diagnosis Transient(std::string message) {
+  return {absl::UnavailableError(std::move(message)), false};
+}
+
+// Peer-controlled text for a message: escaped, and cut.
+std::string Shown(absl::string_view text) {
+  constexpr size_t kMax = 200;
+  return absl::StrCat("\"", absl::CHexEscape(text.substr(0, kMax)),
+                      text.size() > kMax ? "..." : "", "\"");
+}
+
+Diagnosis Explain(const std::string& address, const PeerAnswer& peer, bool tls,
+                  const std::string& tls_ca_file) {
+  switch (peer.kind) {
+    case PeerKind::kTls:
+      if (!tls) {
+        return Final(absl::StrCat(
+            "cohortd at ", address,
+            " accepts connections but answers in TLS, and this client speaks "
+            "plaintext: set COHORT_TLS_CA (--tls_ca) to the CA that signed "
+            "cohortd's certificate"));
       }
-      if (got >= 4 && (reply[3] == 0x04 || reply[3] == 0x07)) {
-        peer = Peer::kPlaintext;  // SETTINGS or GOAWAY.
-      } else if ((got >= 1 && (reply[0] == 0x15 || reply[0] == 0x16)) ||
-                 got == 0 || (got < 0 && errno == ECONNRESET)) {
-        peer = Peer::kTls;
-      } else {
-        peer = Peer::kUnknown;
+      return Final(absl::StrCat(
+          "the TLS handshake with cohortd at ", address, " fails: check that ",
+          tls_ca_file,
+          " (COHORT_TLS_CA) is the CA that signed cohortd's certificate, that "
+          "the certificate is valid now and names the host you connect to "
+          "(else set COHORT_TLS_SERVER_NAME), and, if cohortd requires client "
+          "certificates (--tls_client_ca), that COHORT_TLS_CERT and "
+          "COHORT_TLS_KEY hold one signed by that CA"));
+    case PeerKind::kHttp2:
+      if (tls) {
+        return Final(absl::StrCat(
+            "cohortd at ", address,
+            " serves plaintext, and this client asks for TLS (COHORT_TLS_CA "
+            "or --tls_ca is set): start cohortd with --tls_cert and "
+            "--tls_key, or unset COHORT_TLS_CA"));
       }
+      return Transient(
+          "it answers HTTP/2 in plaintext, as cohortd does, but too slowly "
+          "for a connection to become ready: it is likely overloaded; retry, "
+          "or allow a longer connect timeout (cohortctl --connect_timeout)");
+    case PeerKind::kGoaway:
+      return Transient(absl::StrCat(
+          "it turns new connections away with an HTTP/2 GOAWAY",
+          peer.detail.empty() ? " that gives no reason"
+                              : absl::StrCat(" saying ", Shown(peer.detail)),
+          ": retry later; cohortd does this at its connection limit "
+          "(--max_connections), so close idle clients or raise "
+          "--max_connections (within its `ulimit -n`)"));
+    case PeerKind::kSilent:
+      return Transient(
+          "it accepts TCP connections but never answers on them. Usually "
+          "cohortd is out of file descriptors or connections and has "
+          "stopped accepting (look in its log for 'Too many open files' or "
+          "'too many connections'; then raise its `ulimit -n`, lower "
+          "--max_connections, or close idle clients), or it is overloaded, "
+          "or this is not cohortd's gRPC port (--listen; its "
+          "--tcpstore_listen port speaks another protocol)");
+    case PeerKind::kClosed:
+      return Transient(
+          "it accepts TCP connections and closes them at once, without a "
+          "byte: cohortd does this when it is out of file descriptors (its "
+          "log says 'out of file descriptors (Too many open files)'), so "
+          "raise its `ulimit -n`, lower --max_connections, or close idle "
+          "clients; otherwise this is not cohortd's gRPC port (set --addr "
+          "or COHORT_ADDR to its --listen address)");
+    case PeerKind::kOther:
+      return Final(absl::StrCat(
+          "something other than cohortd answers at ", address,
+          ": its first bytes, ", Shown(peer.detail),
+          ", are neither HTTP/2 nor TLS: set --addr or COHORT_ADDR to "
+          "cohortd's --listen address"));
+    case PeerKind::kConnectTimedOut:
+      return Transient(
+          "TCP connections to it get no answer: the host is down, a firewall "
+          "drops them, or a process listens there but has stopped accepting "
+          "and its backlog is full (cohortd out of file descriptors: look in "
+          "its log for 'Too many open files')");
+    case PeerKind::kUnreachable:
+      break;
+  }
+  return Transient(
+      absl::StrCat(peer.detail.empty() ? "" : absl::StrCat(peer.detail, ": "),
+                   "is it running there? (set --addr or COHORT_ADDR)"));
+}
+
+// What answers at each address the channel may use (replicas: several);
+// the first that accepts TCP connections speaks for all.
+Diagnosis Diagnose(const ConnectionOptions& options) {
+  const bool tls =
+      !options.tls_ca_file.empty() || !options.tls_cert_file.empty();
+  const std::vector<std::string> addresses =
+      absl::StrSplit(options.address, ',', absl::SkipWhitespace());
+  std::optional<Diagnosis> first;
+  for (const std::string& address : addresses) {
+    const PeerAnswer peer =
+        ProbePeer(address, ProbeWait(options.connect_timeout));
+    Diagnosis diagnosis = Explain(address, peer, tls, options.tls_ca_file);
+    if (!diagnosis.final && addresses.size() > 1) {
+      diagnosis.status = absl::UnavailableError(
+          absl::StrCat(address, ": ", diagnosis.status.message()));
     }
-    close(fd);
+    if (peer.kind != PeerKind::kUnreachable &&
+        peer.kind != PeerKind::kConnectTimedOut) {
+      return diagnosis;
+    }
+    if (!first.has_value()) first = std::move(diagnosis);
   }
-  freeaddrinfo(found);
-  return peer;
+  if (!first.has_value()) return Transient("no address to connect to");
+  return *std::move(first);
 }
 
 }  // namespace
@@ -213,63 +301,41 @@ void Connection::Prepare(grpc::ClientContext* context) const {
   }
 }
 
-absl::Status Connection::DiagnoseHandshake() const {
-  const bool tls =
-      !options_.tls_ca_file.empty() || !options_.tls_cert_file.empty();
-  const Peer peer = ProbePeer(options_.address);
-  if (!tls && peer == Peer::kTls) {
-    return absl::UnavailableError(absl::StrCat(
-        "cohortd at ", options_.address,
-        " accepts connections but answers in TLS, and this client speaks "
-        "plaintext: set COHORT_TLS_CA (--tls_ca) to the CA that signed "
-        "cohortd's certificate"));
-  }
-  if (tls && peer == Peer::kPlaintext) {
-    return absl::UnavailableError(absl::StrCat(
-        "cohortd at ", options_.address,
-        " serves plaintext, and this client asks for TLS (COHORT_TLS_CA or "
-        "--tls_ca is set): start cohortd with --tls_cert and --tls_key, or "
-        "unset COHORT_TLS_CA"));
-  }
-  if (tls && peer == Peer::kTls) {
-    return absl::UnavailableError(absl::StrCat(
-        "the TLS handshake with cohortd at ", options_.address,
-        " fails: check that ", options_.tls_ca_file,
-        " (COHORT_TLS_CA) is the CA that signed cohortd's certificate, that "
-        "the certificate is valid now and names the host you connect to "
-        "(else set COHORT_TLS_SERVER_NAME), and, if cohortd requires client "
-        "certificates (--tls_client_ca), that COHORT_TLS_CERT and "
-        "COHORT_TLS_KEY hold one signed by that CA"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Connection::WaitConnected() {
   if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
     return absl::OkStatus();
   }
   // A handshake that fails fails the same way every time: once the channel
   // has been failing for a while, look at what answers the port, and say
-  // so rather than wait out connect_timeout.
-  constexpr absl::Duration kDiagnoseEvery = absl::Milliseconds(500);
+  // so rather than wait out connect_timeout. What waiting can mend (cohortd
+  // full, or out of descriptors) is looked at less and less often, since
+  // each look costs that cohortd two more connections.
+  constexpr absl::Duration kFirstDiagnosis = absl::Milliseconds(500);
+  constexpr absl::Duration kMaxDiagnoseEvery = absl::Seconds(8);
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
-  absl::Time next_diagnosis = absl::Now() + kDiagnoseEvery;
+  absl::Duration diagnose_every = kFirstDiagnosis;
+  absl::Time next_diagnosis = absl::Now() + diagnose_every;
   while (absl::Now() < deadline) {
     if (channel_->WaitForConnected(
             absl::ToChronoTime(std::min(deadline, next_diagnosis)))) {
       return absl::OkStatus();
     }
-    if (absl::Now() >= next_diagnosis) {
-      next_diagnosis = absl::Now() + kDiagnoseEvery;
-      if (channel_->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
-        if (absl::Status why = DiagnoseHandshake(); !why.ok()) return why;
-      }
+    if (absl::Now() < next_diagnosis) continue;
+    if (channel_->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      Diagnosis why = Diagnose(options_);
+      if (why.final) return why.status;
+      diagnose_every = std::min(diagnose_every * 2, kMaxDiagnoseEvery);
     }
+    next_diagnosis = absl::Now() + diagnose_every;
   }
+  // Out of time: say what answers there now (a channel still connecting
+  // may be talking to a peer that never answers).
+  Diagnosis why = Diagnose(options_);
+  if (why.final) return why.status;
   return absl::UnavailableError(
       absl::StrCat("cannot connect to cohortd at ", options_.address,
                    " within ", absl::FormatDuration(options_.connect_timeout),
-                   ": is it running there? (set --addr or COHORT_ADDR)"));
+                   ": ", why.status.message()));
 }
 
 absl::Status Connection::Explain(absl::string_view what,

@@ -106,10 +106,15 @@ class Connection {
   const ConnectionOptions& options() const { return options_; }
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
-  // Waits up to connect_timeout for the channel to be ready. Fails sooner,
-  // saying why, when cohortd accepts TCP connections but the handshake
-  // fails (a plaintext client against a TLS port, or the reverse, or a
-  // certificate that does not verify).
+  // Waits up to connect_timeout for the channel to be ready; UNAVAILABLE
+  // saying why not, from what answers at the address (peer_probe.h):
+  // sooner when waiting cannot help (a plaintext client against a TLS
+  // port, or the reverse, a certificate that does not verify, something
+  // other than cohortd), and otherwise after connect_timeout (plus a probe
+  // of at most a quarter of it, 2 s at most): nothing listening, a peer
+  // that accepts TCP connections but never answers or closes them at once
+  // (cohortd out of file descriptors), or cohortd's GOAWAY turning the
+  // connection away (at --max_connections), whose text it quotes.
   absl::Status WaitConnected();
 
   // Adds the call's credentials (the token) to `context`. Every call made
@@ -154,10 +159,6 @@ class Connection {
  private:
   Connection(const ConnectionOptions& options,
              std::shared_ptr<grpc::ChannelCredentials> credentials);
-  // Why a channel that TCP reaches does not become ready, or OK when TCP
-  // does not reach it (cohortd down or restarting: keep waiting).
-  absl::Status DiagnoseHandshake() const;
-
   const ConnectionOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
 };
