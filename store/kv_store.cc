@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace cohort::store {
 
@@ -24,6 +26,134 @@ struct KvStore::Waiter {
   bool registering = false;
 };
 
+struct KvStore::ShareState {
+  std::string name;
+  // None lies under another.
+  std::vector<std::string> roots;
+  ShareUsage usage;
+  // The scan's progress: roots before `scanning` are counted whole; of
+  // roots[scanning], the keys up to and including `cursor` (none while it
+  // is empty: keys never are).
+  size_t scanning = 0;
+  std::string cursor;
+
+  bool counted() const { return scanning == roots.size(); }
+  // Whether `usage` covers `key`, and so must follow its changes.
+  bool Counts(absl::string_view key) const {
+    for (size_t i = 0; i < roots.size() && i <= scanning; ++i) {
+      if (!absl::StartsWith(key, roots[i])) continue;
+      return i < scanning || (!cursor.empty() && key <= cursor);
+    }
+    return false;
+  }
+};
+
+// The changes a list of writes makes to the shares' counts, each write
+// seeing the ones before it. Lives within one hold of the store's lock.
+class KvStore::ShareTally {
+ public:
+  explicit ShareTally(KvStore& store) : store_(store) {}
+
+  // Tallies `key` changing to a value of `value_bytes` (nullopt: deleted).
+  // With `enforce`, a change that would take a counted share past a bound
+  // is refused with RESOURCE_EXHAUSTED (and counted) and not tallied.
+  absl::Status Change(absl::string_view key, std::optional<size_t> value_bytes,
+                      bool enforce) ABSL_EXCLUSIVE_LOCKS_REQUIRED(store_.mu_) {
+    if (store_.shares_.empty()) return absl::OkStatus();
+    std::vector<ShareState*> hit;
+    for (const std::shared_ptr<ShareState>& share : store_.shares_) {
+      if (share->Counts(key)) hit.push_back(share.get());
+    }
+    if (hit.empty()) return absl::OkStatus();
+    const std::optional<uint64_t> before = SizeNow(key);
+    std::optional<uint64_t> after;
+    if (value_bytes.has_value()) after = key.size() + *value_bytes;
+    const Delta d{(after ? 1 : 0) - (before ? 1 : 0),
+                  static_cast<int64_t>(after.value_or(0)) -
+                      static_cast<int64_t>(before.value_or(0))};
+    if (enforce) {
+      for (ShareState* share : hit) {
+        if (!share->counted()) continue;
+        auto it = deltas_.find(share);
+        const Delta pending = it == deltas_.end() ? Delta() : it->second;
+        const StoreLimits& limits = store_.limits_;
+        if (d.keys > 0 &&
+            Over(share->usage.keys, pending.keys + d.keys, limits.quota_keys)) {
+          ++store_.share_refused_keys_;
+          return Refusal(*share, "keys", share->usage.keys + pending.keys,
+                         d.keys, limits.quota_keys, "quota_keys",
+                         "delete keys it no longer needs");
+        }
+        if (d.bytes > 0 && Over(share->usage.bytes, pending.bytes + d.bytes,
+                                limits.quota_bytes)) {
+          ++store_.share_refused_bytes_;
+          return Refusal(*share, "bytes", share->usage.bytes + pending.bytes,
+                         d.bytes, limits.quota_bytes, "quota_bytes",
+                         "delete keys or shrink values it no longer needs");
+        }
+      }
+    }
+    sizes_[key] = after;
+    for (ShareState* share : hit) {
+      Delta& sum = deltas_[share];
+      sum.keys += d.keys;
+      sum.bytes += d.bytes;
+    }
+    return absl::OkStatus();
+  }
+
+  // Adds what was tallied to the shares' counts.
+  void Commit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(store_.mu_) {
+    for (auto& [share, d] : deltas_) {
+      share->usage.keys = Add(share->usage.keys, d.keys);
+      share->usage.bytes = Add(share->usage.bytes, d.bytes);
+    }
+  }
+
+ private:
+  struct Delta {
+    int64_t keys = 0;
+    int64_t bytes = 0;
+  };
+
+  static bool Over(uint64_t used, int64_t delta, uint64_t limit) {
+    return static_cast<__int128>(used) + delta > static_cast<__int128>(limit);
+  }
+  static uint64_t Add(uint64_t used, int64_t delta) {
+    const __int128 sum = static_cast<__int128>(used) + delta;
+    return sum < 0 ? 0 : static_cast<uint64_t>(sum);
+  }
+
+  static absl::Status Refusal(const ShareState& share, absl::string_view what,
+                              int64_t used, int64_t more, uint64_t limit,
+                              absl::string_view flag,
+                              absl::string_view advice) {
+    std::vector<std::string> roots;
+    for (const std::string& root : share.roots) {
+      roots.push_back(absl::StrCat("'", absl::CHexEscape(root), "'"));
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "quota ", flag, " exceeded for ", absl::CHexEscape(share.name),
+        ": the keys under ", absl::StrJoin(roots, ", "), " hold ", used, " ",
+        what, " and this write adds ", more, ", over the limit of ", limit,
+        " (", flag, "; cohortd's --", flag, "): ", advice,
+        " (deletes always pass), or raise the limit"));
+  }
+
+  // Bytes of `key` and its value as the writes so far leave them.
+  std::optional<uint64_t> SizeNow(absl::string_view key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(store_.mu_) {
+    if (auto it = sizes_.find(key); it != sizes_.end()) return it->second;
+    absl::StatusOr<std::optional<std::string>> value = store_.engine_->Get(key);
+    if (!value.ok() || !value->has_value()) return std::nullopt;
+    return key.size() + (*value)->size();
+  }
+
+  KvStore& store_;
+  absl::flat_hash_map<std::string, std::optional<uint64_t>> sizes_;
+  absl::flat_hash_map<ShareState*, Delta> deltas_;
+};
+
 namespace {
 
 // Long requests hold the lock for at most this many keys at a time, so a
@@ -36,6 +166,28 @@ constexpr absl::Duration kFeedTimeout = absl::Seconds(10);
 
 // Attempts of a guarded commit that keeps losing to other writers.
 constexpr int kMaxGuardedAttempts = 64;
+
+// The value bytes a mutation leaves, nullopt for a delete.
+std::optional<size_t> SizeOf(const Mutation& m) {
+  if (m.kind == Mutation::Kind::kDelete) return std::nullopt;
+  return m.value.size();
+}
+
+// `roots` sorted, without duplicates and without those under another.
+std::vector<std::string> DisjointRoots(std::vector<std::string> roots) {
+  std::sort(roots.begin(), roots.end());
+  std::vector<std::string> out;
+  for (std::string& root : roots) {
+    // A root's prefixes sort before it.
+    if (!out.empty() && absl::StartsWith(root, out.back())) continue;
+    out.push_back(std::move(root));
+  }
+  return out;
+}
+
+// A share's scan reads at most this many bytes of values per hold of the
+// store's lock.
+constexpr size_t kScanBytesPerSlice = 16 << 20;
 
 size_t EventBytes(const Event& e) {
   return sizeof(Event) + e.key.size() + (e.value ? e.value->size() : 0);
@@ -89,7 +241,12 @@ absl::StatusOr<int64_t> KvStore::CommitLocked(std::vector<Mutation> mutations,
   // reached its log and come back when the engine reopened after a full
   // disk. Revisions never repeat either way.
   const int64_t revision = std::max(revision_, engine_->revision()) + 1;
+  ShareTally tally(*this);
+  for (const Mutation& m : mutations) {
+    tally.Change(m.key, SizeOf(m), /*enforce=*/false).IgnoreError();
+  }
   if (absl::Status s = engine_->Apply(mutations, revision); !s.ok()) return s;
+  tally.Commit();
   revision_ = revision;
   PublishLocked(revision, std::move(mutations), deferred);
   return revision;
@@ -170,9 +327,14 @@ void KvStore::OnFeed(int64_t revision, std::vector<Mutation> mutations) {
     if (loaded_revision_ > 0) FinishReplayLocked();
     if (!mutations.empty()) {
       // Updates the engine's view only: the change is already committed.
+      ShareTally tally(*this);
+      for (const Mutation& m : mutations) {
+        tally.Change(m.key, SizeOf(m), /*enforce=*/false).IgnoreError();
+      }
       if (absl::Status s = engine_->Apply(mutations, revision); !s.ok()) {
         return;
       }
+      tally.Commit();
       PublishLocked(revision, std::move(mutations), deferred);
     }
     revision_ = revision;
@@ -346,6 +508,10 @@ absl::StatusOr<int64_t> KvStore::MultiSet(
   }
   if (m.empty()) return revision();
   if (shared_ != nullptr) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (absl::Status s = CheckSharesLocked(m); !s.ok()) return s;
+    }
     absl::StatusOr<int64_t> committed = shared_->ApplyGuarded(m, {});
     if (!committed.ok()) return committed.status();
     AwaitRevision(*committed, kFeedTimeout).IgnoreError();
@@ -355,6 +521,7 @@ absl::StatusOr<int64_t> KvStore::MultiSet(
   absl::StatusOr<int64_t> revision;
   {
     absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckSharesLocked(m); !s.ok()) return s;
     revision = CommitLocked(std::move(m), deferred);
   }
   for (auto& fn : deferred) fn();
@@ -377,8 +544,16 @@ void KvStore::PlanLocked(absl::Span<const Change> changes,
       }
       return engine_->Get(key);
     };
+    // Refuses the writes that would take a share past its bounds.
+    ShareTally shares(*this);
     auto write = [&](size_t i, absl::string_view key,
-                     std::optional<std::string> value) {
+                     std::optional<std::string> value) -> absl::Status {
+      std::optional<size_t> value_bytes;
+      if (value.has_value()) value_bytes = value->size();
+      if (absl::Status s = shares.Change(key, value_bytes, /*enforce=*/true);
+          !s.ok()) {
+        return s;
+      }
       // Later changes read what this one wrote; the last one (a single
       // call's only one) need not keep a copy.
       const bool last = i + 1 == changes.size();
@@ -394,6 +569,7 @@ void KvStore::PlanLocked(absl::Span<const Change> changes,
       mutations.push_back(std::move(m));
       writers.push_back(i);
       if (!last) now[key] = std::move(value);
+      return absl::OkStatus();
     };
     for (size_t i = 0; i < changes.size(); ++i) {
       const Change& c = changes[i];
@@ -405,7 +581,7 @@ void KvStore::PlanLocked(absl::Span<const Change> changes,
       }
       if (!r.status.ok()) continue;
       if (c.kind == Change::Kind::kSet) {
-        write(i, c.key, std::string(c.value));
+        r.status = write(i, c.key, std::string(c.value));
         continue;
       }
       if (c.kind == Change::Kind::kDelete) {
@@ -417,7 +593,7 @@ void KvStore::PlanLocked(absl::Span<const Change> changes,
         if (it != now.end() ? it->second.has_value()
                             : engine_->Contains(c.key)) {
           r.number = 1;
-          write(i, c.key, std::nullopt);
+          write(i, c.key, std::nullopt).IgnoreError();  // Always passes.
         }
         continue;
       }
@@ -435,8 +611,8 @@ void KvStore::PlanLocked(absl::Span<const Change> changes,
             r.status = sum.status();
             break;
           }
-          r.number = sum->value;
-          write(i, c.key, std::move(sum->text));
+          r.status = write(i, c.key, std::move(sum->text));
+          if (r.status.ok()) r.number = sum->value;
           break;
         }
         case Change::Kind::kCompareSet: {
@@ -444,8 +620,8 @@ void KvStore::PlanLocked(absl::Span<const Change> changes,
               c10d::CompareSet(now_value, c.expected, c.value);
           r.value.assign(cas.result.data(), cas.result.size());
           if (cas.write) {
-            r.number = 1;
-            write(i, c.key, r.value);
+            r.status = write(i, c.key, r.value);
+            r.number = r.status.ok() ? 1 : 0;
           }
           break;
         }
@@ -455,7 +631,7 @@ void KvStore::PlanLocked(absl::Span<const Change> changes,
           if (!appended.ok()) {
             r.status = appended.status();
           } else {
-            write(i, c.key, std::move(*appended));
+            r.status = write(i, c.key, std::move(*appended));
           }
           break;
         }
@@ -786,6 +962,101 @@ absl::Status KvStore::Flush() {
   return engine_->Flush();
 }
 
+absl::Status KvStore::CheckSharesLocked(absl::Span<const Mutation> mutations) {
+  ShareTally tally(*this);
+  for (const Mutation& m : mutations) {
+    if (absl::Status s = tally.Change(m.key, SizeOf(m), /*enforce=*/true);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvStore::SetShares(std::vector<Share> shares) {
+  absl::MutexLock serial(&shares_mu_);
+  std::vector<std::shared_ptr<ShareState>> to_scan;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::shared_ptr<ShareState>> next;
+    for (Share& share : shares) {
+      auto state = std::make_shared<ShareState>();
+      state->name = std::move(share.name);
+      state->roots = DisjointRoots(std::move(share.roots));
+      for (const std::shared_ptr<ShareState>& old : shares_) {
+        if (old->name == state->name && old->roots == state->roots) {
+          state = old;
+          break;
+        }
+      }
+      if (!state->counted()) {
+        // Counted afresh, from nothing.
+        state->usage = ShareUsage();
+        state->scanning = 0;
+        state->cursor.clear();
+        to_scan.push_back(state);
+      }
+      next.push_back(std::move(state));
+    }
+    shares_ = std::move(next);
+  }
+  for (const std::shared_ptr<ShareState>& state : to_scan) {
+    if (absl::Status s = ScanShare(*state); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvStore::ScanShare(ShareState& share) {
+  for (;;) {
+    absl::MutexLock lock(&mu_);
+    if (share.counted()) return absl::OkStatus();
+    const std::string& root = share.roots[share.scanning];
+    absl::StatusOr<std::vector<std::string>> keys =
+        engine_->ListKeys(root, share.cursor, kKeysPerSlice);
+    if (!keys.ok()) {
+      return absl::Status(
+          keys.status().code(),
+          absl::StrCat("counting the keys of ", absl::CHexEscape(share.name),
+                       " under '", absl::CHexEscape(root),
+                       "': ", keys.status().message()));
+    }
+    size_t bytes = 0;
+    for (const std::string& key : *keys) {
+      absl::StatusOr<std::optional<std::string>> value = engine_->Get(key);
+      if (!value.ok()) {
+        return absl::Status(
+            value.status().code(),
+            absl::StrCat("counting the keys of ", absl::CHexEscape(share.name),
+                         ": reading '", absl::CHexEscape(key),
+                         "': ", value.status().message()));
+      }
+      // A key listed is there: the store's lock is held.
+      if (value->has_value()) {
+        ++share.usage.keys;
+        share.usage.bytes += key.size() + (*value)->size();
+        bytes += (*value)->size();
+      }
+      share.cursor = key;
+      if (bytes > kScanBytesPerSlice) break;
+    }
+    if (bytes <= kScanBytesPerSlice && keys->size() < kKeysPerSlice) {
+      ++share.scanning;
+      share.cursor.clear();
+    }
+  }
+}
+
+std::optional<ShareUsage> KvStore::share_usage(absl::string_view name) {
+  absl::MutexLock lock(&mu_);
+  for (const std::shared_ptr<ShareState>& share : shares_) {
+    if (share->name == name) {
+      if (!share->counted()) return std::nullopt;
+      return share->usage;
+    }
+  }
+  return std::nullopt;
+}
+
 StoreStats KvStore::stats() {
   StoreStats stats;
   const KvEngine* engine;
@@ -795,6 +1066,8 @@ StoreStats KvStore::stats() {
     stats.revision = revision_;
     stats.waiters = waiters_.size();
     stats.watches = watchers_.size();
+    stats.share_refused_keys = share_refused_keys_;
+    stats.share_refused_bytes = share_refused_bytes_;
     engine = engine_.get();
   }
   stats.disk_bytes = engine->DiskBytes();

@@ -46,6 +46,11 @@ struct StoreLimits {
   // are dropped past either bound, and on restart.
   size_t history_events = 100000;
   size_t history_bytes = 64 << 20;
+  // Each share's bounds (KvStore::SetShares): the keys stored under its
+  // roots, and their bytes (key plus value). A torch job of tens of
+  // thousands of ranks writes a few small keys per rank: far below both.
+  uint64_t quota_keys = 1 << 20;
+  uint64_t quota_bytes = 1ull << 30;
 
   // The first three, for the rules every store follows.
   c10d::Limits c10d_limits() const;
@@ -120,6 +125,20 @@ struct Event {
   int64_t revision = 0;
 };
 
+// A part of the keyspace bounded as one (a tenant's): every key under any
+// of `roots`. Roots of one share that lie under another of its roots are
+// dropped (their keys count once).
+struct Share {
+  // Names the share in refusals, e.g. "token 0123456789ab".
+  std::string name;
+  std::vector<std::string> roots;
+};
+
+struct ShareUsage {
+  uint64_t keys = 0;
+  uint64_t bytes = 0;  // Keys plus values.
+};
+
 // What KvStore::stats() reports, for monitoring.
 struct StoreStats {
   int64_t keys = 0;
@@ -127,6 +146,9 @@ struct StoreStats {
   size_t waiters = 0;       // WaitForKeys calls pending.
   size_t watches = 0;       // Watch registrations open.
   uint64_t disk_bytes = 0;  // KvEngine::DiskBytes.
+  // Writes refused for taking a share past quota_keys, or quota_bytes.
+  uint64_t share_refused_keys = 0;
+  uint64_t share_refused_bytes = 0;
 };
 
 class KvStore {
@@ -233,6 +255,23 @@ class KvStore {
   // follows it.
   absl::Status CheckWritable();
 
+  // Bounds the keys and bytes stored under each of `shares` by
+  // limits().quota_keys and quota_bytes, in place of the shares set before
+  // (one that stays, by name and roots, keeps its count). A new share is
+  // counted by one scan of its roots, a slice of keys at a time with other
+  // calls going on between slices, and is not enforced until its scan is
+  // over. From then on every change applied, through any protocol (and on
+  // a shared engine, by any replica), keeps its count, and a change that
+  // would take a share past a bound fails alone with RESOURCE_EXHAUSTED
+  // naming the share, the bound and its limit; changes that shrink a share
+  // (deletes, smaller values) always pass. Returns a scan's read error (that
+  // share stays unenforced). Calls are serialized.
+  absl::Status SetShares(std::vector<Share> shares) ABSL_LOCKS_EXCLUDED(mu_);
+  // What the share `name` holds, once counted; nullopt if there is no such
+  // share or its scan is not over.
+  std::optional<ShareUsage> share_usage(absl::string_view name)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Counts for monitoring. Scans the data dir (KvEngine::DiskBytes) outside
   // the store's lock: for a metrics scrape, not for every request.
   StoreStats stats() ABSL_LOCKS_EXCLUDED(mu_);
@@ -245,6 +284,8 @@ class KvStore {
 
  private:
   struct Waiter;
+  struct ShareState;
+  class ShareTally;
   struct Watcher {
     std::string prefix;
     int64_t start_revision = 0;
@@ -304,6 +345,12 @@ class KvStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnWaitTimeout(WaitId id) ABSL_LOCKS_EXCLUDED(mu_);
   void TrimHistoryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK, or the refusal of the first of `mutations` (each seeing those
+  // before it) that would take a share past a bound.
+  absl::Status CheckSharesLocked(absl::Span<const Mutation> mutations)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts `share` from its roots, a slice at a time.
+  absl::Status ScanShare(ShareState& share) ABSL_LOCKS_EXCLUDED(mu_);
 
   const StoreLimits limits_;
   const c10d::Limits rules_;  // limits_.c10d_limits()
@@ -336,6 +383,14 @@ class KvStore {
   // moves down to it once the replay has reached the loaded revision.
   int64_t replayed_from_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t loaded_revision_ ABSL_GUARDED_BY(mu_) = 0;
+  // The shares, in SetShares' order. The vector is replaced, never
+  // changed in place, so a scan keeps its ShareState across slices.
+  std::vector<std::shared_ptr<ShareState>> shares_ ABSL_GUARDED_BY(mu_);
+  uint64_t share_refused_keys_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t share_refused_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Serializes SetShares, whose scans release mu_ between slices.
+  absl::Mutex shares_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+
   // Last, so it is destroyed (and its thread joined) first: its callbacks
   // use everything above.
   base::DeadlineTimer timer_;

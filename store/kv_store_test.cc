@@ -634,6 +634,108 @@ TEST_P(KvStoreTest, WatchFromCompactedRevisionIsOutOfRange) {
                   .ok());
 }
 
+Share JobShare(const std::string& prefix) {
+  return {.name = "token " + prefix,
+          .roots = {prefix, "/cohortrun/" + prefix, "runs/" + prefix}};
+}
+
+TEST_P(KvStoreTest, SharesBoundKeysAndDeletesAlwaysPass) {
+  store_ = Open({.quota_keys = 3});
+  ASSERT_TRUE(store_->Set("job1/a", "x").ok());
+  ASSERT_TRUE(store_->SetShares({JobShare("job1/")}).ok());
+  // The scan counted what was there.
+  ASSERT_TRUE(store_->share_usage("token job1/").has_value());
+  EXPECT_EQ(store_->share_usage("token job1/")->keys, 1u);
+  EXPECT_EQ(store_->share_usage("token job1/")->bytes, 7u);
+  ASSERT_TRUE(store_->Set("runs/job1/b", "y").ok());
+  ASSERT_TRUE(store_->Set("/cohortrun/job1/c", "z").ok());
+  absl::StatusOr<int64_t> over = store_->Set("job1/d", "w");
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(), HasSubstr("token job1/"));
+  EXPECT_THAT(over.status().message(), HasSubstr("--quota_keys"));
+  EXPECT_THAT(over.status().message(), HasSubstr("hold 3 keys"));
+  EXPECT_THAT(over.status().message(), HasSubstr("limit of 3"));
+  EXPECT_FALSE(store_->TryGet("job1/d")->has_value());
+  EXPECT_EQ(store_->Add("job1/n", 1).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Rewriting a key adds none; other jobs' keys and the sibling job1x/ are
+  // not this share's.
+  EXPECT_TRUE(store_->Set("job1/a", "v").ok());
+  EXPECT_TRUE(store_->Set("job1x/a", "v").ok());
+  EXPECT_TRUE(store_->Set("job2/a", "v").ok());
+  ASSERT_TRUE(store_->Delete("job1/a").ok());
+  EXPECT_EQ(store_->share_usage("token job1/")->keys, 2u);
+  EXPECT_TRUE(store_->Set("job1/d", "w").ok());
+  EXPECT_EQ(store_->stats().share_refused_keys, 2u);
+}
+
+TEST_P(KvStoreTest, SharesBoundBytesForEveryKindOfWrite) {
+  // Room for "job1/k" (6 bytes) with a 14-byte value.
+  store_ = Open({.quota_bytes = 20});
+  ASSERT_TRUE(store_->SetShares({JobShare("job1/")}).ok());
+  ASSERT_TRUE(store_->Set("job1/k", "0123456789").ok());
+  EXPECT_EQ(store_->share_usage("token job1/")->bytes, 16u);
+  absl::StatusOr<int64_t> append = store_->Append("job1/k", "abcde");
+  EXPECT_EQ(append.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(append.status().message(), HasSubstr("--quota_bytes"));
+  EXPECT_TRUE(store_->Append("job1/k", "abcd").ok());
+  EXPECT_EQ(store_->CompareSet("job1/k", "0123456789abcd", "0123456789abcdX")
+                .status()
+                .code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(*store_->TryGet("job1/k"), "0123456789abcd");
+  EXPECT_EQ(store_->MultiSet({"job2/a", "job1/b"}, {"1", "2"}).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(store_->TryGet("job2/a")->has_value()) << "all or nothing";
+  // A smaller value passes, and so does a batch's change that fits beside
+  // one that does not.
+  EXPECT_TRUE(store_->Set("job1/k", "01").ok());
+  std::vector<ChangeResult> batch = store_->ApplyBatch(
+      {{.kind = Change::Kind::kSet, .key = "job1/big", .value = "0123456789"},
+       {.kind = Change::Kind::kSet, .key = "job1/s", .value = "1"}});
+  EXPECT_EQ(batch[0].status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(batch[1].status.ok());
+  EXPECT_EQ(store_->share_usage("token job1/")->bytes, 8u + 7u);
+  EXPECT_EQ(store_->stats().share_refused_bytes, 4u);
+}
+
+TEST_P(KvStoreTest, ShareCountSpansSlicesAndSurvivesSetSharesAgain) {
+  store_ = Open({.quota_keys = 5000});
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < 4999; ++i) {
+    keys.push_back(absl::StrCat("job1/", i));
+    values.push_back("v");
+  }
+  ASSERT_TRUE(store_->MultiSet(keys, values).ok());
+  ASSERT_TRUE(store_->SetShares({JobShare("job1/")}).ok());
+  EXPECT_EQ(store_->share_usage("token job1/")->keys, 4999u);
+  ASSERT_TRUE(store_->Set("job1/last", "v").ok());
+  ASSERT_TRUE(store_->SetShares({JobShare("job2/"), JobShare("job1/")}).ok());
+  EXPECT_EQ(store_->share_usage("token job1/")->keys, 5000u);
+  EXPECT_FALSE(store_->Set("job1/more", "v").ok());
+  // A share no longer set bounds nothing.
+  ASSERT_TRUE(store_->SetShares({JobShare("job2/")}).ok());
+  EXPECT_FALSE(store_->share_usage("token job1/").has_value());
+  EXPECT_TRUE(store_->Set("job1/more", "v").ok());
+}
+
+TEST_P(KvStoreTest, ShareCountHoldsAcrossRestarts) {
+  if (GetParam() != "rocksdb") GTEST_SKIP() << "memory keeps nothing";
+  store_ = Open({.quota_keys = 2});
+  ASSERT_TRUE(store_->SetShares({JobShare("job1/")}).ok());
+  ASSERT_TRUE(store_->Set("job1/a", "1").ok());
+  ASSERT_TRUE(store_->Set("runs/job1/b", "2").ok());
+  store_.reset();
+  auto engine = OpenRocksDbEngine({.path = dir_.string()});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  store_ = std::make_unique<KvStore>(std::move(*engine),
+                                     StoreLimits{.quota_keys = 2});
+  ASSERT_TRUE(store_->SetShares({JobShare("job1/")}).ok());
+  EXPECT_EQ(store_->share_usage("token job1/")->keys, 2u);
+  EXPECT_EQ(store_->Set("job1/c", "3").status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, KvStoreTest,
                          ::testing::Values("memory", "rocksdb"),
                          [](const auto& info) { return info.param; });
