@@ -2,11 +2,13 @@
 
 #include <fstream>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -420,6 +422,324 @@ TEST_F(AuthenticatorTest, IssuedTokensExpire) {
   request.set_ttl_ms(-1);
   EXPECT_EQ(auth_->Issue(admin, request).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// An engine that records the keys read and the prefixes listed, to prove
+// what a call touches.
+class RecordingEngine : public store::KvEngine {
+ public:
+  explicit RecordingEngine(std::vector<std::string>* reads)
+      : inner_(store::NewMemoryEngine()), reads_(reads) {}
+
+  absl::string_view name() const override { return inner_->name(); }
+  absl::StatusOr<std::optional<std::string>> Get(
+      absl::string_view key) const override {
+    reads_->push_back(absl::StrCat("get ", key));
+    return inner_->Get(key);
+  }
+  bool Contains(absl::string_view key) const override {
+    return inner_->Contains(key);
+  }
+  std::unique_ptr<PreparedRead> PrepareRead(
+      std::vector<std::string> keys) const override {
+    return inner_->PrepareRead(std::move(keys));
+  }
+  absl::Status Apply(absl::Span<const store::Mutation> mutations,
+                     int64_t revision) override {
+    return inner_->Apply(mutations, revision);
+  }
+  int64_t revision() const override { return inner_->revision(); }
+  int64_t NumKeys() const override { return inner_->NumKeys(); }
+  absl::StatusOr<int64_t> CountKeys(absl::string_view prefix) const override {
+    return inner_->CountKeys(prefix);
+  }
+  absl::StatusOr<std::vector<std::string>> ListKeys(
+      absl::string_view prefix, absl::string_view start_after,
+      size_t limit) const override {
+    reads_->push_back(absl::StrCat("list ", prefix));
+    return inner_->ListKeys(prefix, start_after, limit);
+  }
+  absl::Status Flush() override { return inner_->Flush(); }
+
+ private:
+  std::unique_ptr<store::KvEngine> inner_;
+  std::vector<std::string>* const reads_;
+};
+
+constexpr char kJob2[] = "job2-token-0123456789";
+
+// Issued tokens' lifecycle, on a clock of the test's own: sweeping, limits
+// on issuing, and ending what was revoked.
+class TokenLifecycleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = absl::StrCat(
+        ::testing::TempDir(), "/lifecycle-",
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    Write(absl::StrCat(kAdmin, " admin *\n", kJob, " rw job1/\n", kJob2,
+                       " rw job2/\n"));
+  }
+  void Start(IssueLimits limits = {}) {
+    store_ = std::make_unique<store::KvStore>(
+        std::make_unique<RecordingEngine>(&reads_));
+    auto auth = Authenticator::Start(
+        {.tokens_file = path_,
+         .store = store_.get(),
+         .log = [this](absl::string_view line) { logged_.emplace_back(line); },
+         .issue_limits = limits,
+         .now = [this] { return now_; }});
+    ASSERT_TRUE(auth.ok()) << auth.status();
+    auth_ = std::move(*auth);
+  }
+  void Write(const std::string& text) {
+    std::ofstream(path_, std::ios::trunc) << text;
+  }
+  Grant FileGrant(const char* token) {
+    absl::StatusOr<Grant> grant = auth_->Authenticate(Bearer(token));
+    EXPECT_TRUE(grant.ok()) << grant.status();
+    return grant.value_or(Grant());
+  }
+  absl::StatusOr<v1::IssueTokenResponse> TryIssue(const Grant& by,
+                                                  const std::string& prefix,
+                                                  int64_t ttl_ms = 3600000) {
+    v1::IssueTokenRequest request;
+    request.set_role(v1::READ_WRITE);
+    request.set_prefix(prefix);
+    request.set_ttl_ms(ttl_ms);
+    return auth_->Issue(by, request);
+  }
+  v1::IssueTokenResponse Issue(const Grant& by, const std::string& prefix,
+                               int64_t ttl_ms = 3600000) {
+    absl::StatusOr<v1::IssueTokenResponse> issued =
+        TryIssue(by, prefix, ttl_ms);
+    EXPECT_TRUE(issued.ok()) << issued.status();
+    return issued.value_or(v1::IssueTokenResponse());
+  }
+  Grant GrantOf(const v1::IssueTokenResponse& issued) {
+    absl::StatusOr<Grant> grant = auth_->Authenticate(Bearer(issued.token()));
+    EXPECT_TRUE(grant.ok()) << grant.status();
+    return grant.value_or(Grant());
+  }
+  std::vector<std::string> Keys(absl::string_view prefix) {
+    absl::StatusOr<store::ListResult> listed = store_->ListKeys(prefix, 0, "");
+    EXPECT_TRUE(listed.ok()) << listed.status();
+    return listed.ok() ? listed->keys : std::vector<std::string>();
+  }
+  std::vector<std::string> Listed(const Grant& caller) {
+    absl::StatusOr<v1::ListTokensResponse> listed = auth_->List(caller);
+    EXPECT_TRUE(listed.ok()) << listed.status();
+    std::vector<std::string> ids;
+    if (listed.ok()) {
+      for (const v1::TokenInfo& t : listed->tokens()) ids.push_back(t.id());
+    }
+    return ids;
+  }
+
+  std::string path_;
+  absl::Time now_ = absl::FromUnixSeconds(1700000000);
+  std::vector<std::string> reads_;
+  std::vector<std::string> logged_;
+  std::unique_ptr<store::KvStore> store_;
+  std::unique_ptr<Authenticator> auth_;
+};
+
+TEST_F(TokenLifecycleTest, SweepDeletesExpiredAndOrphanedRecordsOnly) {
+  Start();
+  const Grant job = FileGrant(kJob);
+  const Grant job2 = FileGrant(kJob2);
+  const v1::IssueTokenResponse live = Issue(job, "job1/live/");
+  const v1::IssueTokenResponse live_child =
+      Issue(GrantOf(live), "job1/live/child/");
+  const v1::IssueTokenResponse short_lived = Issue(job, "job1/short/", 1000);
+  // Orphaned by a revocation: its issuer's record goes with the revocation,
+  // its own stays until the sweep.
+  const v1::IssueTokenResponse parent = Issue(job, "job1/parent/");
+  const v1::IssueTokenResponse orphan =
+      Issue(GrantOf(parent), "job1/parent/o/");
+  ASSERT_TRUE(auth_->Revoke(job, parent.id()).ok());
+  // Orphaned by the removal of its file token.
+  const v1::IssueTokenResponse from_removed = Issue(job2, "job2/x/");
+  Write(absl::StrCat(kAdmin, " admin *\n", kJob, " rw job1/\n"));
+  ASSERT_TRUE(auth_->Reload().ok());
+  now_ += absl::Seconds(2);  // short_lived expires.
+
+  // Dead records are never listed, swept or not.
+  const Grant admin = FileGrant(kAdmin);
+  EXPECT_THAT(Listed(admin),
+              ::testing::UnorderedElementsAre(live.id(), live_child.id()));
+  EXPECT_THAT(Listed(job),
+              ::testing::UnorderedElementsAre(live.id(), live_child.id()));
+
+  absl::StatusOr<size_t> swept = auth_->Sweep();
+  ASSERT_TRUE(swept.ok()) << swept.status();
+  EXPECT_EQ(*swept, 3u);  // short_lived, orphan, from_removed.
+  std::vector<std::string> records = Keys(kIssuedTokensPrefix);
+  EXPECT_THAT(records, ::testing::UnorderedElementsAre(
+                           absl::StrCat(kIssuedTokensPrefix, live.id()),
+                           absl::StrCat(kIssuedTokensPrefix, live_child.id())));
+  // Their index entries went with them.
+  EXPECT_EQ(Keys(kIssuedTokensIndexPrefix).size(), 2u);
+  EXPECT_TRUE(auth_->Authenticate(Bearer(live.token())).ok());
+  EXPECT_TRUE(auth_->Authenticate(Bearer(live_child.token())).ok());
+  EXPECT_EQ(auth_->stats().swept_tokens, 3u);
+  EXPECT_EQ(auth_->stats().issued_tokens, 2u);
+  EXPECT_EQ(*auth_->Sweep(), 0u);
+
+  // Expiry reaches the records below too (they expire with their issuer).
+  now_ += absl::Hours(2);
+  EXPECT_EQ(*auth_->Sweep(), 2u);
+  EXPECT_TRUE(Keys("/cohort/auth/").empty());
+  EXPECT_EQ(auth_->stats().issued_tokens, 0u);
+}
+
+TEST_F(TokenLifecycleTest, IssuingIsLimitedPerTenantNamingTheFlags) {
+  Start({.rate = 1, .burst = 3, .max_live = 5});
+  const Grant job = FileGrant(kJob);
+  const Grant admin = FileGrant(kAdmin);
+  // The job and the tokens under it share one bucket.
+  const v1::IssueTokenResponse child = Issue(job, "job1/c/");
+  const Grant child_grant = GrantOf(child);
+  Issue(child_grant, "job1/c/1/");
+  Issue(job, "job1/2/");
+  for (const Grant* by : {&job, &child_grant}) {
+    absl::StatusOr<v1::IssueTokenResponse> refused = TryIssue(*by, "job1/c/x/");
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(refused.status().message(), HasSubstr("--token_issue_rate"));
+    EXPECT_THAT(refused.status().message(), HasSubstr("--token_issue_burst"));
+  }
+  // Another tenant is unaffected.
+  for (int i = 0; i < 3; ++i) Issue(admin, "job3/");
+  // Six tokens issued at one instant, two refusals: one log line.
+  size_t issue_lines = 0;
+  for (const std::string& line : logged_) {
+    issue_lines += absl::StrContains(line, "issued token") ||
+                   absl::StrContains(line, "refused to issue");
+  }
+  EXPECT_EQ(issue_lines, 1u) << absl::StrJoin(logged_, "\n");
+
+  // The bucket refills at the rate.
+  now_ += absl::Seconds(1);
+  Issue(job, "job1/3/");
+  EXPECT_EQ(TryIssue(job, "job1/4/").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  now_ += absl::Seconds(10);
+  Issue(job, "job1/4/");  // Five alive under job1's file token.
+  absl::StatusOr<v1::IssueTokenResponse> full = TryIssue(job, "job1/5/");
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.status().message(), HasSubstr("--max_issued_tokens"));
+  EXPECT_THAT(full.status().message(), HasSubstr("5 issued tokens alive"));
+  // Revoking one makes room, as does the sweep of expired ones.
+  ASSERT_TRUE(auth_->Revoke(job, child.id()).ok());
+  Issue(job, "job1/5/");  // child's own child is dead but not swept yet.
+  EXPECT_EQ(TryIssue(job, "job1/6/").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(auth_->Sweep().ok());
+  Issue(job, "job1/6/");
+  AuthStats stats = auth_->stats();
+  EXPECT_EQ(stats.issue_rate_limited, 3u);
+  EXPECT_EQ(stats.issue_over_max, 2u);
+}
+
+// finding 4: one tenant's thousands of tokens cost another's ListTokens
+// nothing, since it reads only the records within its prefix.
+TEST_F(TokenLifecycleTest, ListTokensReadsOnlyTheCallersRecords) {
+  Start();
+  const Grant admin = FileGrant(kAdmin);
+  const Grant job = FileGrant(kJob);
+  std::vector<std::string> others;
+  for (int i = 0; i < 200; ++i) {
+    others.push_back(Issue(admin, absl::StrCat("job2/w", i, "/")).id());
+  }
+  others.push_back(Issue(admin, "job10/").id());  // job1 extended.
+  const std::string own = Issue(job, "job1/w/").id();
+  reads_.clear();
+  EXPECT_THAT(Listed(job), ::testing::ElementsAre(own));
+  for (const std::string& read : reads_) {
+    for (const std::string& id : others) {
+      EXPECT_FALSE(absl::StrContains(read, id)) << read;
+    }
+    EXPECT_NE(read, absl::StrCat("list ", kIssuedTokensPrefix));
+  }
+  EXPECT_EQ(Listed(admin).size(), others.size() + 1);
+}
+
+// An issued token holds only while its whole chain does; calls in flight
+// learn at once (WatchGrant), and Recheck costs nothing while nothing
+// changed.
+TEST_F(TokenLifecycleTest, RevocationReachesCallsInFlight) {
+  Start();
+  const Grant job = FileGrant(kJob);
+  const v1::IssueTokenResponse child = Issue(job, "job1/c/");
+  const Grant grandchild = GrantOf(Issue(GrantOf(child), "job1/c/g/"));
+  const Grant other = GrantOf(Issue(job, "job1/o/"));
+  reads_.clear();
+  for (const Grant* g : {&job, &grandchild, &other}) {
+    EXPECT_TRUE(auth_->Recheck(*g).ok());
+  }
+  EXPECT_THAT(reads_, ::testing::IsEmpty());  // Nothing changed: no reads.
+
+  std::map<std::string, std::vector<absl::Status>> ended;
+  auto watch = [&](const std::string& name, const Grant& grant) {
+    absl::StatusOr<Authenticator::GrantWatchId> id = auth_->WatchGrant(
+        grant, [&ended, name](absl::Status s) { ended[name].push_back(s); });
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.value_or(0);
+  };
+  watch("job", job);
+  watch("grandchild", grandchild);
+  watch("other", other);
+  auth_->ForgetGrant(watch("forgotten", grandchild));
+
+  // Revoking the child ends what it issued, before Revoke returns.
+  ASSERT_TRUE(auth_->Revoke(job, child.id()).ok());
+  ASSERT_EQ(ended["grandchild"].size(), 1u);
+  EXPECT_EQ(ended["grandchild"][0].code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(ended["grandchild"][0].message(), HasSubstr("revoked"));
+  EXPECT_TRUE(ended["job"].empty());
+  EXPECT_TRUE(ended["other"].empty());
+  EXPECT_TRUE(ended["forgotten"].empty());
+  EXPECT_EQ(auth_->Recheck(grandchild).code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(auth_->Recheck(other).ok());
+  EXPECT_EQ(auth_->WatchGrant(grandchild, [](absl::Status) {}).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(auth_->stats().calls_ended, 1u);
+
+  // Expiry needs only the clock.
+  const Grant short_lived = GrantOf(Issue(job, "job1/s/", 1000));
+  now_ += absl::Seconds(2);
+  EXPECT_THAT(auth_->CheckExpiry(short_lived).message(),
+              HasSubstr("expired at"));
+  EXPECT_EQ(auth_->Recheck(short_lived).code(),
+            absl::StatusCode::kUnauthenticated);
+
+  // Removing the job's file token ends its calls and those of what it
+  // issued; once.
+  Write(absl::StrCat(kAdmin, " admin *\n"));
+  ASSERT_TRUE(auth_->Reload().ok());
+  ASSERT_EQ(ended["job"].size(), 1u);
+  EXPECT_THAT(ended["job"][0].message(), HasSubstr("removed from the tokens"));
+  ASSERT_EQ(ended["other"].size(), 1u);
+  EXPECT_THAT(ended["other"][0].message(), HasSubstr("revoked or removed"));
+  EXPECT_EQ(ended["grandchild"].size(), 1u);
+  ASSERT_TRUE(auth_->Reload().ok());
+  EXPECT_EQ(ended["job"].size(), 1u);
+}
+
+// Another replica's revocation over a shared store deletes the record
+// without this Authenticator: the epoch moves all the same, so Recheck
+// reads the record again.
+TEST_F(TokenLifecycleTest, ARecordDeletedInTheStoreEndsTheGrant) {
+  Start();
+  const Grant job = FileGrant(kJob);
+  const v1::IssueTokenResponse issued = Issue(job, "job1/x/");
+  const Grant grant = GrantOf(issued);
+  ASSERT_TRUE(auth_->Recheck(grant).ok());
+  ASSERT_TRUE(
+      store_->Delete(absl::StrCat(kIssuedTokensPrefix, issued.id())).ok());
+  absl::Status s = auth_->Recheck(grant);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(s.message(), HasSubstr("revoked"));
 }
 
 }  // namespace

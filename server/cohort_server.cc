@@ -4,12 +4,14 @@
 #include <limits>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
+#include "server/quota.h"
 
 namespace cohort::server {
 namespace {
@@ -24,16 +26,37 @@ int ToMillisArg(absl::Duration d) {
 
 // The TCPStore listener's check of a token hello: the token's grant must
 // allow writing under the namespace the connection binds.
-std::function<absl::Status(absl::string_view, absl::string_view)>
+std::function<absl::StatusOr<TcpStoreGrant>(absl::string_view,
+                                            absl::string_view)>
 TokenHelloCheck(Authenticator* auth) {
   if (auth == nullptr) return nullptr;
-  return [auth](absl::string_view token, absl::string_view name_space) {
+  return [auth](absl::string_view token,
+                absl::string_view name_space) -> absl::StatusOr<TcpStoreGrant> {
     absl::StatusOr<Grant> grant = auth->AuthenticateToken(token);
     if (!grant.ok()) return grant.status();
+    // The namespace is a prefix of every key the connection names, so it
+    // must lie wholly inside the grant as a prefix (NarrowPrefix leaves it
+    // as it is), and the token must be allowed to write.
     absl::Status allowed =
         CheckAccess(*grant, "key", name_space, Access::kWrite);
-    if (!allowed.ok()) auth->Denied(*grant, allowed);
-    return allowed;
+    if (allowed.ok()) {
+      absl::StatusOr<std::string> narrowed = NarrowPrefix(*grant, name_space);
+      if (!narrowed.ok() || *narrowed != name_space) {
+        allowed = absl::PermissionDeniedError(
+            absl::StrCat("the namespace \"", absl::CHexEscape(name_space),
+                         "\" reaches keys outside the token's prefix \"",
+                         absl::CHexEscape(grant->prefix), "\""));
+      }
+    }
+    if (!allowed.ok()) {
+      auth->Denied(*grant, allowed);
+      return allowed;
+    }
+    // A revocation (of it or of a token that issued it) or its expiry
+    // ends the connection at its next request.
+    return TcpStoreGrant{
+        .owner = QuotaOwner(&*grant, ""),
+        .still_valid = [auth, grant = *grant] { return auth->Recheck(grant); }};
   };
 }
 
@@ -51,6 +74,8 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
 
   std::unique_ptr<CohortServer> server(new CohortServer());
   server->store_ = std::move(store);
+  server->quotas_ = std::make_unique<Quotas>(options.quotas);
+  server->budget_ = std::make_unique<ConnectionBudget>(options.max_connections);
   server->log_ = options.log;
   server->tls_ = options.tls;
   if (options.tls.enabled() || !options.tls.client_ca_file.empty()) {
@@ -69,16 +94,22 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
     }
   }
   if (!options.auth_tokens.empty()) {
-    auto auth = Authenticator::Start({.tokens_file = options.auth_tokens,
-                                      .store = server->store_.get(),
-                                      .log = options.log,
-                                      .max_ttl = options.max_token_ttl});
+    auto auth =
+        Authenticator::Start({.tokens_file = options.auth_tokens,
+                              .store = server->store_.get(),
+                              .log = options.log,
+                              .max_ttl = options.max_token_ttl,
+                              .issue_limits = options.token_issue_limits,
+                              .sweep_interval = options.token_sweep_interval});
     if (!auth.ok()) return auth.status();
     server->auth_ = std::move(*auth);
+    server->auth_tokens_ = options.auth_tokens;
+    server->UpdateShares();
   }
   StoreServiceOptions store_options = options.store_service;
   store_options.auth = server->auth_.get();
   store_options.watch_gauges = &server->watch_gauges_;
+  store_options.quotas = server->quotas_.get();
   server->auth_service_ = std::make_unique<AuthService>(server->auth_.get());
   server->service_ =
       std::make_unique<StoreService>(server->store_.get(), store_options);
@@ -92,7 +123,7 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   server->membership_service_ = std::make_unique<MembershipService>(
       &server->coordination_, server->store_.get(),
       options.store_service.watch_buffer_bytes, &server->watch_gauges_,
-      server->auth_.get());
+      server->auth_.get(), server->quotas_.get());
 
   const store::StoreLimits& limits = server->store_->limits();
   // Room for the largest single value plus its key and framing; multi-key
@@ -123,9 +154,10 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
                              &server->port_);
   } else {
     // Connections come only from the Listener; gRPC opens no port itself.
-    auto listener = Listener::Bind(
-        options.listen,
-        {.max_connections = options.max_connections, .log = options.log});
+    auto listener = Listener::Bind(options.listen,
+                                   {.max_connections = options.max_connections,
+                                    .budget = server->budget_.get(),
+                                    .log = options.log});
     if (!listener.ok()) return listener.status();
     server->listener_ = std::move(*listener);
     server->port_ = server->listener_->port();
@@ -185,15 +217,20 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
       };
     }
     auto tcpstore = TcpStoreServer::Start(
-        server->store_.get(), {.listen = options.tcpstore_listen,
-                               .max_connections = options.max_connections,
-                               .allow = options.tcpstore_allow,
-                               .prefix = options.tcpstore_prefix,
-                               .authorize = TokenHelloCheck(server->auth_.get()),
-                               .require_token = server->auth_ != nullptr &&
-                                                options.tcpstore_require_token,
-                               .log = options.log,
-                               .on_query = std::move(on_query)});
+        server->store_.get(),
+        {.listen = options.tcpstore_listen,
+         .max_connections = options.max_connections,
+         .budget = server->budget_.get(),
+         .max_unsent_bytes_total = options.tcpstore_max_unsent_bytes_total,
+         .max_queue_bytes_total = options.tcpstore_max_queue_bytes,
+         .quotas = server->quotas_.get(),
+         .allow = options.tcpstore_allow,
+         .prefix = options.tcpstore_prefix,
+         .authorize = TokenHelloCheck(server->auth_.get()),
+         .require_token =
+             server->auth_ != nullptr && options.tcpstore_require_token,
+         .log = options.log,
+         .on_query = std::move(on_query)});
     if (!tcpstore.ok()) return tcpstore.status();
     server->tcpstore_ = std::move(*tcpstore);
   }
@@ -206,7 +243,8 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
                              .grpc_listener = server->listener_.get(),
                              .tcpstore = server->tcpstore_.get(),
                              .watches = &server->watch_gauges_,
-                             .auth = server->auth_.get()});
+                             .auth = server->auth_.get(),
+                             .quotas = server->quotas_.get()});
   }
   if (!options.election_endpoints.empty()) {
     std::string advertise = options.advertise;
@@ -228,7 +266,12 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   }
   {
     absl::MutexLock lock(&server->health_mu_);
-    server->SetServing(true, absl::OkStatus());
+    // A disk that cannot hold the reserve refuses every write: NOT_SERVING
+    // from the start, not from the first refused write. serving_ starts
+    // opposite, so that every service gets its status.
+    const absl::Status writable = server->store_->CheckWritable();
+    server->serving_ = !writable.ok();
+    server->SetServing(writable.ok(), writable);
     for (grpc::Server* s : server->grpc_servers()) {
       s->GetHealthCheckService()->SetServingStatus(kLivenessService, true);
     }
@@ -269,7 +312,7 @@ void CohortServer::CheckHealth(absl::Duration interval) {
   if (stopping_) return;
   absl::Status writable = store_->CheckWritable();
   SetServing(writable.ok(), writable);
-  if (auth_ != nullptr) auth_->ReloadIfChanged();
+  if (auth_ != nullptr && auth_->ReloadIfChanged()) UpdateShares();
   health_check_ = health_timer_.Schedule(
       absl::Now() + interval, [this, interval] { CheckHealth(interval); });
 }
@@ -293,7 +336,8 @@ void CohortServer::Lead() {
                      .grpc_listener = listener_.get(),
                      .tcpstore = tcpstore_.get(),
                      .watches = &watch_gauges_,
-                     .auth = auth_.get()});
+                     .auth = auth_.get(),
+                     .quotas = quotas_.get()});
   }
   coordination_.Fill(std::move(state));
   if (log_) {
@@ -325,7 +369,18 @@ void CohortServer::Follow(const std::string& leader) {
                      .grpc_listener = listener_.get(),
                      .tcpstore = tcpstore_.get(),
                      .watches = &watch_gauges_,
-                     .auth = auth_.get()});
+                     .auth = auth_.get(),
+                     .quotas = quotas_.get()});
+  }
+}
+
+void CohortServer::UpdateShares() {
+  absl::Status s = SetTenantShares(auth_tokens_, *store_);
+  if (!s.ok() && log_) {
+    log_(
+        absl::StrCat("quota: stored keys and bytes are not bounded for "
+                     "some tenants: ",
+                     s.message()));
   }
 }
 
@@ -337,7 +392,10 @@ std::vector<grpc::Server*> CohortServer::grpc_servers() {
 
 absl::Status CohortServer::Reload() {
   absl::Status status;
-  if (auth_ != nullptr) status.Update(auth_->Reload());
+  if (auth_ != nullptr) {
+    status.Update(auth_->Reload());
+    UpdateShares();
+  }
   if (tls_.enabled()) {
     absl::StatusOr<TlsFilesInfo> tls = CheckTlsFiles(tls_);
     if (!tls.ok()) {

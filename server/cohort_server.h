@@ -22,6 +22,7 @@
 #include "server/listener.h"
 #include "server/membership.h"
 #include "server/metrics.h"
+#include "server/quota.h"
 #include "server/reactors.h"
 #include "server/rendezvous.h"
 #include "server/store_service.h"
@@ -51,6 +52,11 @@ struct ServerOptions {
   // (metrics.h); port 0 picks a free one (see metrics_port()). Empty: off.
   std::string metrics_listen;
   StoreServiceOptions store_service;
+  // Each tenant's share of the server (quota.h): per job token with auth
+  // on, per connection with it off. The stored keys and bytes are the
+  // store's (store::StoreLimits::quota_keys, quota_bytes), bounded per
+  // token only: with auth off, only the store's global limits apply.
+  QuotaLimits quotas;
   // TLS on the gRPC port (tls.h). With TLS gRPC binds the port itself:
   // the plaintext Listener's connection cap and descriptor-exhaustion
   // handling do not apply (gRPC can adopt only plaintext sockets).
@@ -60,6 +66,10 @@ struct ServerOptions {
   std::string auth_tokens;
   // The longest lifetime of an issued token (AuthenticatorOptions::max_ttl).
   absl::Duration max_token_ttl = absl::Hours(24 * 30);
+  // Bounds on issuing per tenant, and how often dead issued tokens' records
+  // are swept (AuthenticatorOptions::issue_limits, sweep_interval).
+  IssueLimits token_issue_limits;
+  absl::Duration token_sweep_interval = absl::Minutes(1);
   // Replicas over one etcd cluster (--engine=etcd): the rendezvous and
   // membership state machines run on the replica elected through etcd
   // (etcd_leadership.h); the others pass those calls on to it. Empty
@@ -72,8 +82,13 @@ struct ServerOptions {
   // HOST:PORT of a plaintext port serving only grpc.health.v1 (for
   // Kubernetes' gRPC probes, which speak no TLS); empty: none.
   std::string health_listen;
-  // Connections open at once; more are refused with a GOAWAY saying so.
+  // Connections open at once on the gRPC and TCPStore listeners together;
+  // more are refused (gRPC: with a GOAWAY saying so).
   size_t max_connections = 16384;
+  // TCPStore replies queued for all connections together, and bytes in all
+  // TCPStore queues (TcpStoreServerOptions).
+  size_t tcpstore_max_unsent_bytes_total = 256 << 20;
+  size_t tcpstore_max_queue_bytes = 1 << 30;
   // A connection with no call in flight for this long is closed (the client
   // reconnects on its next call); 0 keeps idle connections forever.
   absl::Duration idle_timeout = absl::Minutes(30);
@@ -114,6 +129,8 @@ class CohortServer {
   int health_port() const { return health_port_; }
   // The token checker; null when auth is off.
   Authenticator* auth() { return auth_.get(); }
+  // The tenants' quotas (ServerOptions::quotas); never null.
+  Quotas* quotas() { return quotas_.get(); }
 
   // Re-reads the tokens file and checks the TLS files (SIGHUP). gRPC takes
   // up changed certificates by itself within tls.reload_interval; this
@@ -150,10 +167,14 @@ class CohortServer {
   std::vector<grpc::Server*> grpc_servers();
   void SetServing(bool serving, const absl::Status& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(health_mu_);
+  // Bounds the keys and bytes stored under each tenant's prefixes, as the
+  // tokens file now lists them (SetTenantShares); logs a failure.
+  void UpdateShares();
 
   // First, so they are destroyed last: the streams, the gRPC server's
   // interceptors and the TCPStore listener report to them until the end.
   WatchGauges watch_gauges_;
+  std::unique_ptr<Quotas> quotas_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<store::KvStore> store_;
   // Builds the state machines from the store and leads.
@@ -168,8 +189,12 @@ class CohortServer {
   std::unique_ptr<RendezvousService> rendezvous_service_;
   std::unique_ptr<MembershipService> membership_service_;
   std::unique_ptr<Authenticator> auth_;
+  std::string auth_tokens_;  // Its file.
   std::unique_ptr<AuthService> auth_service_;
   TlsOptions tls_;
+  // --max_connections, shared by the gRPC and TCPStore listeners; declared
+  // before them so that it outlives them.
+  std::unique_ptr<ConnectionBudget> budget_;
   std::unique_ptr<Listener> listener_;  // Null with TLS.
   std::unique_ptr<grpc::Server> health_server_;
   int health_port_ = 0;

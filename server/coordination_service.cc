@@ -233,8 +233,9 @@ grpc::ServerUnaryReactor* MembershipService::ListMembers(
 grpc::ServerWriteReactor<v1::WatchMembersResponse>*
 MembershipService::WatchMembers(grpc::CallbackServerContext* ctx,
                                 const v1::WatchMembersRequest* req) {
-  if (absl::Status s =
-          AuthorizeCall(auth_, *ctx, "group", req->group(), Access::kRead);
+  Grant grant;
+  if (absl::Status s = AuthorizeCall(auth_, *ctx, "group", req->group(),
+                                     Access::kRead, &grant);
       !s.ok()) {
     auto* refused = new EventStream<v1::WatchMembersResponse>(
         store_, 0,
@@ -252,6 +253,17 @@ MembershipService::WatchMembers(grpc::CallbackServerContext* ctx,
         return bytes;
       },
       watch_gauges_);
+  absl::StatusOr<QuotaCharge> charge =
+      ChargeCall(quotas_, auth_, grant, *ctx, {{Quota::kWatchStreams, 1}});
+  if (!charge.ok()) {
+    reactor->Fail(charge.status());
+    return reactor;
+  }
+  reactor->Hold(std::move(*charge));
+  if (absl::Status s = EndWithGrant(auth_, grant, *reactor); !s.ok()) {
+    reactor->Fail(s);
+    return reactor;
+  }
   reactor->Start(Membership::MembersPrefix(req->group()), req->from_revision());
   return reactor;
 }

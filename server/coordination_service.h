@@ -8,6 +8,7 @@
 #include "server/auth.h"
 #include "server/coordination_slot.h"
 #include "server/membership.h"
+#include "server/quota.h"
 #include "server/rendezvous.h"
 #include "store/kv_store.h"
 
@@ -46,16 +47,19 @@ class MembershipService final : public v1::Membership::CallbackService {
   // `store` serves the member-event streams; watch_buffer_bytes bounds a
   // slow watcher as for store watches, and `watch_gauges` (if not null)
   // counts them. `auth` checks that each call's token covers its group
-  // (auth.h); null: auth off.
+  // (auth.h); null: auth off. A WatchMembers stream counts against its
+  // tenant's watch streams in `quotas` (null: none), and ends when its
+  // token is revoked.
   MembershipService(const CoordinationSlot* slot, store::KvStore* store,
                     size_t watch_buffer_bytes,
                     WatchGauges* watch_gauges = nullptr,
-                    Authenticator* auth = nullptr)
+                    Authenticator* auth = nullptr, Quotas* quotas = nullptr)
       : slot_(slot),
         store_(store),
         watch_buffer_bytes_(watch_buffer_bytes),
         watch_gauges_(watch_gauges),
-        auth_(auth) {}
+        auth_(auth),
+        quotas_(quotas) {}
 
   grpc::ServerUnaryReactor* JoinGroup(grpc::CallbackServerContext* ctx,
                                       const v1::JoinGroupRequest* req,
@@ -85,6 +89,7 @@ class MembershipService final : public v1::Membership::CallbackService {
   const size_t watch_buffer_bytes_;
   WatchGauges* const watch_gauges_;
   Authenticator* const auth_;
+  Quotas* const quotas_;
 };
 
 }  // namespace cohort::server

@@ -149,6 +149,11 @@ Listener::Listener(int fd, int port, ListenerOptions options)
     : fd_(fd),
       port_(port),
       options_(std::move(options)),
+      own_budget_(
+          options_.budget == nullptr
+              ? std::make_unique<ConnectionBudget>(options_.max_connections)
+              : nullptr),
+      budget_(options_.budget != nullptr ? options_.budget : own_budget_.get()),
       log_(options_.log, kLogEvery) {
   // Kept so that, out of fds, one can be freed to accept and close a
   // connection instead of leaving it hanging in the backlog.
@@ -163,12 +168,17 @@ Listener::~Listener() {
 
 void Listener::Start(grpc::Server* server) {
   server_ = server;
+  budget_->SetReclaimer([this] {
+    absl::MutexLock lock(&mu_);
+    CountOpen();
+  });
   if (pipe2(wake_, O_CLOEXEC) != 0) wake_[0] = wake_[1] = -1;
   thread_ = std::thread([this] { AcceptLoop(); });
 }
 
 void Listener::Stop() {
   if (!thread_.joinable()) return;
+  budget_->SetReclaimer(nullptr);
   if (wake_[1] >= 0) {
     char c = 0;
     (void)!write(wake_[1], &c, 1);
@@ -209,17 +219,27 @@ void Listener::AcceptLoop() {
       }
       continue;
     }
-    absl::ReleasableMutexLock lock(&mu_);
-    if (open_.size() >= options_.max_connections &&
-        CountOpen() >= options_.max_connections) {
-      lock.Release();
-      Refuse(conn, absl::StrCat("cohortd: too many connections (",
-                                options_.max_connections,
-                                " open, --max_connections); retry later"));
+    bool taken = budget_->TryTake();
+    if (!taken) {
+      // The reclaimer may have run within kReclaimEvery; gRPC's closes are
+      // this listener's own to count at once. (Not under mu_: TryTake may
+      // call the reclaimer, which takes it.)
+      {
+        absl::MutexLock lock(&mu_);
+        CountOpen();
+      }
+      taken = budget_->TryTake();
+    }
+    if (!taken) {
+      Refuse(conn,
+             absl::StrCat("cohortd: too many connections (", budget_->max(),
+                          " open across its gRPC and TCPStore "
+                          "listeners, --max_connections); retry later"));
       continue;
     }
     int one = 1;
     setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    absl::ReleasableMutexLock lock(&mu_);
     open_[conn] = Inode(conn);
     lock.Release();
     grpc::AddInsecureChannelFromFd(server_, conn);
@@ -227,11 +247,46 @@ void Listener::AcceptLoop() {
 }
 
 size_t Listener::CountOpen() {
+  size_t closed = 0;
   for (auto it = open_.begin(); it != open_.end();) {
     auto here = it++;
-    if (Inode(here->first) != here->second) open_.erase(here);
+    if (Inode(here->first) != here->second) {
+      open_.erase(here);
+      ++closed;
+    }
   }
+  budget_->Give(closed);
   return open_.size();
+}
+
+bool ConnectionBudget::TakeIfFree() {
+  size_t used = used_.load(std::memory_order_relaxed);
+  while (used < max_) {
+    if (used_.compare_exchange_weak(used, used + 1,
+                                    std::memory_order_relaxed)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool ConnectionBudget::TryTake() {
+  if (TakeIfFree()) return true;
+  {
+    absl::MutexLock lock(&reclaim_mu_);
+    const absl::Time now = absl::Now();
+    if (reclaim_ == nullptr || now - last_reclaim_ < kReclaimEvery) {
+      return false;
+    }
+    last_reclaim_ = now;
+    reclaim_();
+  }
+  return TakeIfFree();
+}
+
+void ConnectionBudget::SetReclaimer(std::function<void()> reclaim) {
+  absl::MutexLock lock(&reclaim_mu_);
+  reclaim_ = std::move(reclaim);
 }
 
 size_t Listener::open_connections() {

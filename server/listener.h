@@ -9,7 +9,9 @@
 #ifndef COHORT_SERVER_LISTENER_H_
 #define COHORT_SERVER_LISTENER_H_
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -20,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "base/log_limiter.h"
 #include "grpcpp/server.h"
 
@@ -35,10 +38,50 @@ absl::StatusOr<int> ListenExclusive(const std::string& address, int* port);
 // The kernel's cap on a listen backlog (net.core.somaxconn), at least 128.
 int MaxBacklog();
 
+// The connections all of cohortd's listeners (gRPC and TCPStore) may hold
+// open together (--max_connections), so that together they stay within the
+// process's file descriptors. Thread-safe.
+class ConnectionBudget {
+ public:
+  explicit ConnectionBudget(size_t max) : max_(max) {}
+  ConnectionBudget(const ConnectionBudget&) = delete;
+  ConnectionBudget& operator=(const ConnectionBudget&) = delete;
+
+  size_t max() const { return max_; }
+  size_t in_use() const { return used_.load(std::memory_order_relaxed); }
+
+  // Claims one connection. When all max() are in use it first has the
+  // reclaimer count the connections closed since it last looked (at most
+  // once per kReclaimEvery, since that checks every descriptor); false if
+  // none is free then.
+  bool TryTake();
+  // Gives back `n` connections taken.
+  void Give(size_t n = 1) { used_.fetch_sub(n, std::memory_order_relaxed); }
+
+  // `reclaim` gives back the connections whose peers closed them behind the
+  // listener's back (gRPC closes the sockets the Listener hands it). Null
+  // clears it; it is never running once this returns.
+  void SetReclaimer(std::function<void()> reclaim);
+
+  static constexpr absl::Duration kReclaimEvery = absl::Milliseconds(20);
+
+ private:
+  bool TakeIfFree();
+
+  const size_t max_;
+  std::atomic<size_t> used_{0};
+  absl::Mutex reclaim_mu_;
+  std::function<void()> reclaim_ ABSL_GUARDED_BY(reclaim_mu_);
+  absl::Time last_reclaim_ ABSL_GUARDED_BY(reclaim_mu_) = absl::InfinitePast();
+};
+
 struct ListenerOptions {
   // Connections open at once; one more is answered with an HTTP/2 GOAWAY
   // saying so, and closed.
   size_t max_connections = 16384;
+  // Shared with cohortd's other listeners, in place of max_connections.
+  // Not owned; must outlive the Listener.
+  ConnectionBudget* budget = nullptr;
   // Where refusals and fd exhaustion are reported (rate-limited).
   std::function<void(absl::string_view)> log;
 };
@@ -71,13 +114,17 @@ class Listener {
   Listener(int fd, int port, ListenerOptions options);
   void AcceptLoop();
   // Connections handed over that are still open (gRPC closes them itself;
-  // a tracked fd whose inode changed was closed and reused).
+  // a tracked fd whose inode changed was closed and reused). Gives the
+  // closed ones back to the budget.
   size_t CountOpen() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Refuse(int fd, absl::string_view why);
 
   const int fd_;
   const int port_;
   const ListenerOptions options_;
+  // options_.budget, or one of its own.
+  std::unique_ptr<ConnectionBudget> own_budget_;
+  ConnectionBudget* budget_;
   int wake_[2] = {-1, -1};
   int spare_fd_ = -1;
   std::thread thread_;

@@ -67,6 +67,19 @@ ABSL_FLAG(std::string, health_listen, "",
 ABSL_FLAG(absl::Duration, max_token_ttl, absl::Hours(24 * 30),
           "with --auth_tokens: the longest lifetime of an issued token "
           "(IssueToken's ttl 0 gets it)");
+ABSL_FLAG(double, token_issue_rate, 100,
+          "with --auth_tokens: tokens a file token and every token issued "
+          "under it may issue a second, together (0: no limit); over it "
+          "IssueToken is RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, token_issue_burst, 1000,
+          "with --auth_tokens: how many tokens they may issue at once before "
+          "--token_issue_rate applies (a cohortrun job mints one per node)");
+ABSL_FLAG(int64_t, max_issued_tokens, 10000,
+          "with --auth_tokens: issued tokens alive at once under one file "
+          "token, at any depth (0: no limit)");
+ABSL_FLAG(absl::Duration, token_sweep_interval, absl::Minutes(1),
+          "with --auth_tokens: how often the records of expired and orphaned "
+          "issued tokens are deleted from the store");
 ABSL_FLAG(bool, tcpstore_require_token, true,
           "with --auth_tokens: the TCPStore listener serves only connections "
           "whose hello carries a token covering their namespace (cohortrun's "
@@ -118,8 +131,44 @@ ABSL_FLAG(uint64_t, min_free_bytes, 64 << 20,
           "would leave less are refused with RESOURCE_EXHAUSTED (deletes "
           "still work), and health turns NOT_SERVING until space is freed");
 ABSL_FLAG(uint64_t, max_connections, 16384,
-          "client connections open at once; more are refused with a message "
-          "saying so (lowered to fit the file descriptor limit)");
+          "client connections open at once, on the gRPC and TCPStore "
+          "listeners together; more are refused with a message saying so "
+          "(lowered to fit the file descriptor limit)");
+ABSL_FLAG(uint64_t, tcpstore_max_unsent_bytes_total, 256 << 20,
+          "TCPStore replies queued for all connections together: past it, "
+          "only connections with nothing queued are served, and those whose "
+          "peers do not read their replies are closed, the largest first");
+ABSL_FLAG(uint64_t, tcpstore_max_queue_bytes, 1 << 30,
+          "bytes in all TCPStore queues (QUEUE_PUSH, in memory) together; a "
+          "push past it closes its connection (each tenant's share is "
+          "bounded by --quota_queue_bytes)");
+// Quotas: each tenant's share of cohortd (server/quota.h). A tenant is a
+// job: a tokens-file token and every token issued under it; with auth off,
+// one client connection.
+ABSL_FLAG(uint64_t, quota_keys, cohort::store::StoreLimits().quota_keys,
+          "with --auth_tokens: keys each job may store under its prefix P, "
+          "/cohortrun/P and runs/P together, whichever protocol writes them; "
+          "a write past it is refused with RESOURCE_EXHAUSTED (deletes still "
+          "work). With auth off there is no bound per client");
+ABSL_FLAG(uint64_t, quota_bytes, cohort::store::StoreLimits().quota_bytes,
+          "with --auth_tokens: bytes (keys plus values) each job may store, "
+          "counted as --quota_keys");
+ABSL_FLAG(uint64_t, quota_queue_bytes,
+          cohort::server::QuotaLimits().queue_bytes,
+          "bytes each tenant may hold in TCPStore queues (QUEUE_PUSH)");
+ABSL_FLAG(uint64_t, quota_waits, cohort::server::QuotaLimits().waits,
+          "blocking calls each tenant may have parked at once (gRPC Get, "
+          "Wait, MultiGet; TCPStore WAIT); more are refused with "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(uint64_t, quota_waited_keys,
+          cohort::server::QuotaLimits().waited_keys,
+          "keys each tenant's parked calls may name together");
+ABSL_FLAG(uint64_t, quota_watch_streams,
+          cohort::server::QuotaLimits().watch_streams,
+          "gRPC Watch streams each tenant may hold open");
+ABSL_FLAG(uint64_t, quota_connections,
+          cohort::server::QuotaLimits().connections,
+          "TCPStore connections each tenant may hold open");
 ABSL_FLAG(absl::Duration, idle_timeout, absl::Minutes(30),
           "close a connection with no call in flight for this long (the "
           "client reconnects on its next call); 0 keeps them forever");
@@ -241,6 +290,8 @@ int main(int argc, char** argv) {
   limits.max_list_page = absl::GetFlag(FLAGS_max_list_page);
   limits.history_events = absl::GetFlag(FLAGS_watch_history_events);
   limits.history_bytes = absl::GetFlag(FLAGS_watch_history_bytes);
+  limits.quota_keys = absl::GetFlag(FLAGS_quota_keys);
+  limits.quota_bytes = absl::GetFlag(FLAGS_quota_bytes);
   if (limits.max_key_bytes == 0 || limits.max_keys_per_call == 0 ||
       limits.max_list_page == 0) {
     return Fail(
@@ -272,6 +323,11 @@ int main(int argc, char** argv) {
          }});
     if (!opened.ok()) return Fail(opened.status());
     engine = std::move(*opened);
+    // Otherwise the first sign of a disk smaller than the reserve would be
+    // the first refused write.
+    if (absl::Status writable = engine->CheckWritable(); !writable.ok()) {
+      Log(absl::StrCat("warning: ", writable.message()));
+    }
     where =
         absl::StrCat("rocksdb in ", dir.string(),
                      absl::GetFlag(FLAGS_sync_writes) ? " (sync writes)" : "");
@@ -304,6 +360,25 @@ int main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "--max_token_ttl must be above 0 and at most 3650 days, got ",
         absl::FormatDuration(options.max_token_ttl))));
+  }
+  options.token_issue_limits = {
+      .rate = absl::GetFlag(FLAGS_token_issue_rate),
+      .burst = absl::GetFlag(FLAGS_token_issue_burst),
+      .max_live = absl::GetFlag(FLAGS_max_issued_tokens)};
+  if (!(options.token_issue_limits.rate >= 0) ||
+      options.token_issue_limits.burst < 1 ||
+      options.token_issue_limits.max_live < 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--token_issue_rate must be >= 0 (0: no limit), --token_issue_burst "
+        ">= 1 and --max_issued_tokens >= 0 (0: no limit); got ",
+        options.token_issue_limits.rate, ", ", options.token_issue_limits.burst,
+        " and ", options.token_issue_limits.max_live)));
+  }
+  options.token_sweep_interval = absl::GetFlag(FLAGS_token_sweep_interval);
+  if (options.token_sweep_interval <= absl::ZeroDuration()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--token_sweep_interval must be above 0, got ",
+                     absl::FormatDuration(options.token_sweep_interval))));
   }
   options.tls = {.cert_file = absl::GetFlag(FLAGS_tls_cert),
                  .key_file = absl::GetFlag(FLAGS_tls_key),
@@ -353,10 +428,19 @@ int main(int argc, char** argv) {
   }
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.max_connections = RaiseFdLimit(absl::GetFlag(FLAGS_max_connections));
+  options.tcpstore_max_unsent_bytes_total =
+      absl::GetFlag(FLAGS_tcpstore_max_unsent_bytes_total);
+  options.tcpstore_max_queue_bytes =
+      absl::GetFlag(FLAGS_tcpstore_max_queue_bytes);
   options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);
   options.log = [](absl::string_view line) { Log(std::string(line)); };
   options.store_service.watch_buffer_bytes =
       absl::GetFlag(FLAGS_watch_buffer_bytes);
+  options.quotas = {.queue_bytes = absl::GetFlag(FLAGS_quota_queue_bytes),
+                    .waits = absl::GetFlag(FLAGS_quota_waits),
+                    .waited_keys = absl::GetFlag(FLAGS_quota_waited_keys),
+                    .watch_streams = absl::GetFlag(FLAGS_quota_watch_streams),
+                    .connections = absl::GetFlag(FLAGS_quota_connections)};
   auto server = cohort::server::CohortServer::Start(std::move(store), options);
   if (!server.ok()) return Fail(server.status());
 

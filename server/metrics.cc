@@ -24,6 +24,7 @@
 #include "server/auth.h"
 #include "server/listener.h"
 #include "server/membership.h"
+#include "server/quota.h"
 #include "server/reactors.h"
 #include "server/rendezvous.h"
 #include "store/kv_store.h"
@@ -242,17 +243,36 @@ class Metrics::StateCollector final : public prometheus::Collectable {
           "cohort_tcpstore_connections_refused_total",
           "TCPStore connections closed by cohortd, by reason (not_allowed: "
           "peer outside --tcpstore_allow; bad_input: a malformed request; "
-          "unauthenticated: no token hello, or its token refused)",
+          "unauthenticated: no token hello, its token refused or no longer "
+          "valid; slow_reader: its unread replies closed to keep "
+          "--tcpstore_max_unsent_bytes_total; quota: a request over a "
+          "tenant's quota or --tcpstore_max_queue_bytes; no_budget: "
+          "--max_connections open)",
           MetricType::Counter);
       AddValue(closed, t.refused_not_allowed, {{"reason", "not_allowed"}});
       AddValue(closed, t.closed_bad_input, {{"reason", "bad_input"}});
       AddValue(closed, t.refused_unauthenticated,
                {{"reason", "unauthenticated"}});
+      AddValue(closed, t.closed_slow_readers, {{"reason", "slow_reader"}});
+      AddValue(closed, t.refused_quota, {{"reason", "quota"}});
+      AddValue(closed, t.refused_no_budget, {{"reason", "no_budget"}});
       out.push_back(std::move(closed));
+      out.push_back(Gauge("cohort_tcpstore_unsent_bytes",
+                          "Bytes of TCPStore replies waiting for their "
+                          "clients to read them (bounded by "
+                          "--tcpstore_max_unsent_bytes_total)",
+                          t.unsent_bytes));
+      out.push_back(Gauge("cohort_tcpstore_queue_bytes",
+                          "Bytes in TCPStore queues (QUEUE_PUSH)",
+                          t.queue_bytes));
     }
     if (!connections.metric.empty()) out.push_back(std::move(connections));
+    // Writes refused over a tenant's stored keys or bytes (the store's).
+    uint64_t refused_keys = 0, refused_bytes = 0;
     if (s.store != nullptr) {
       const store::StoreStats st = s.store->stats();
+      refused_keys = st.share_refused_keys;
+      refused_bytes = st.share_refused_bytes;
       out.push_back(Gauge("cohort_store_keys", "Keys in the store", st.keys));
       out.push_back(Gauge("cohort_store_revision",
                           "The store's revision (its last change)",
@@ -269,6 +289,36 @@ class Metrics::StateCollector final : public prometheus::Collectable {
                           "Bytes the RocksDB data dir takes on disk (0 with "
                           "--engine=memory)",
                           static_cast<double>(st.disk_bytes)));
+    }
+    if (s.quotas != nullptr) {
+      const QuotaStats q = s.quotas->stats();
+      MetricFamily refused = NewFamily(
+          "cohort_quota_refused_total",
+          "Calls refused for taking their tenant (a job's token; with auth "
+          "off, a connection) past a quota, by quota (set by the flag "
+          "--quota_<quota>)",
+          MetricType::Counter);
+      for (int i = 0; i < kNumQuotas; ++i) {
+        AddValue(refused, q.refused[i],
+                 {{"quota", std::string(QuotaName(static_cast<Quota>(i)))}});
+      }
+      AddValue(refused, refused_keys, {{"quota", "keys"}});
+      AddValue(refused, refused_bytes, {{"quota", "bytes"}});
+      out.push_back(std::move(refused));
+      MetricFamily used = NewFamily(
+          "cohort_quota_used",
+          "What every tenant holds now, together, by quota (bytes for "
+          "queue_bytes; streams, waits, keys or connections for the others)",
+          MetricType::Gauge);
+      for (int i = 0; i < kNumQuotas; ++i) {
+        AddValue(used, q.used[i],
+                 {{"quota", std::string(QuotaName(static_cast<Quota>(i)))}});
+      }
+      out.push_back(std::move(used));
+      out.push_back(Gauge("cohort_quota_tenants",
+                          "Tenants holding part of a quota now (open "
+                          "streams, parked waits, queued bytes, connections)",
+                          q.owners));
     }
     if (s.watches != nullptr) {
       out.push_back(Gauge("cohort_watchers",
@@ -336,6 +386,28 @@ class Metrics::StateCollector final : public prometheus::Collectable {
       AddValue(reloads, a.reloads, {{"outcome", "ok"}});
       AddValue(reloads, a.reload_failures, {{"outcome", "failed"}});
       out.push_back(std::move(reloads));
+      out.push_back(Gauge("cohort_auth_issued_tokens",
+                          "Issued tokens alive (as of the last sweep, "
+                          "plus those issued and less those revoked since)",
+                          a.issued_tokens));
+      out.push_back(CounterOf("cohort_auth_tokens_swept_total",
+                              "Records of expired or orphaned issued tokens "
+                              "deleted by the sweep (--token_sweep_interval)",
+                              a.swept_tokens));
+      MetricFamily refused =
+          NewFamily("cohort_auth_issue_refused_total",
+                    "IssueToken calls refused by a bound, by limit (rate: "
+                    "--token_issue_rate/--token_issue_burst, max_issued: "
+                    "--max_issued_tokens)",
+                    MetricType::Counter);
+      AddValue(refused, a.issue_rate_limited, {{"limit", "rate"}});
+      AddValue(refused, a.issue_over_max, {{"limit", "max_issued"}});
+      out.push_back(std::move(refused));
+      out.push_back(CounterOf("cohort_auth_calls_ended_total",
+                              "Calls in flight (watches, parked waits) ended "
+                              "because their token was revoked, removed or "
+                              "expired",
+                              a.calls_ended));
     }
     return out;
   }

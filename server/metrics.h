@@ -40,6 +40,7 @@ namespace cohort::server {
 class Authenticator;
 class Listener;
 class Membership;
+class Quotas;
 class Rendezvous;
 class TcpStoreServer;
 struct WatchGauges;
@@ -54,6 +55,7 @@ struct MetricsSources {
   TcpStoreServer* tcpstore = nullptr;
   const WatchGauges* watches = nullptr;
   Authenticator* auth = nullptr;
+  const Quotas* quotas = nullptr;
 };
 
 class Metrics {

@@ -348,7 +348,9 @@ TEST_F(MetricsServerTest, TcpStoreQueriesByTypeAndOutcome) {
                  {{"query", "SET"}, {"outcome", "ok"}}) == 1 &&
            Value(t, "cohort_tcpstore_queries_total",
                  {{"query", "ADD"}, {"outcome", "ok"}}) == 1 &&
-           Value(t, "cohort_connections", {{"protocol", "tcpstore"}}) == 1;
+           Value(t, "cohort_connections", {{"protocol", "tcpstore"}}) == 1 &&
+           Value(t, "cohort_tcpstore_unsent_bytes") == 0 &&
+           Value(t, "cohort_tcpstore_queue_bytes") == 0;
   }));
 
   // A WAIT that blocks, then is given up by its client.

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -19,6 +20,8 @@
 #include "base/grpc_status.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/server_callback.h"
+#include "server/auth.h"
+#include "server/quota.h"
 #include "store/kv_store.h"
 
 namespace cohort::server {
@@ -45,6 +48,9 @@ class PendingUnary final : public grpc::ServerUnaryReactor {
     // response and must call Finish.
     bool Claim() const { return !state_->claimed.exchange(true); }
     void Finish(const absl::Status& status) const {
+      // Given back before the reply, so that a client that saw its call
+      // end may start another at once.
+      state_->reactor->charge_.Release();
       state_->reactor->Finish(ToGrpcStatus(status));
     }
 
@@ -81,10 +87,22 @@ class PendingUnary final : public grpc::ServerUnaryReactor {
     if (handle_.Claim()) handle_.Finish(absl::CancelledError("call cancelled"));
   }
 
-  void OnDone() override { delete this; }
+  // Runs once the call is over, however it ended (e.g. to stop watching
+  // its token: Authenticator::ForgetGrant). Set before the handler returns.
+  void SetDoneHook(std::function<void()> hook) { done_hook_ = std::move(hook); }
+
+  void OnDone() override {
+    if (done_hook_) done_hook_();
+    delete this;
+  }
+
+  // Holds `charge` until the call ends, however it ends.
+  void Hold(QuotaCharge charge) { charge_ = std::move(charge); }
 
  private:
   Handle handle_;
+  QuotaCharge charge_;
+  std::function<void()> done_hook_;
   absl::Mutex mu_;
   std::function<void()> cancel_hook_ ABSL_GUARDED_BY(mu_);
 };
@@ -138,6 +156,33 @@ class EventStream final : public grpc::ServerWriteReactor<Response> {
     state_->Close(ToGrpcStatus(status));
   }
 
+  // Ends the stream with a status, from any thread, at once: what is
+  // queued is dropped. Usable after the stream is over (then it does
+  // nothing), so it may be handed to whoever learns that the stream must
+  // end (Authenticator::WatchGrant).
+  std::function<void(absl::Status)> Ender() const {
+    return [state = std::weak_ptr<State>(state_)](absl::Status status) {
+      if (std::shared_ptr<State> s = state.lock()) {
+        s->Close(ToGrpcStatus(status));
+      }
+    };
+  }
+
+  // `check` is asked before each message is sent; a non-OK status ends the
+  // stream with it instead (a token that expired). It runs under the
+  // stream's lock and may run under the store's: it must be cheap and must
+  // not call into the store. Call before Start.
+  void SetWriteCheck(std::function<absl::Status()> check) {
+    state_->SetWriteCheck(std::move(check));
+  }
+
+  // As PendingUnary::SetDoneHook.
+  void SetDoneHook(std::function<void()> hook) { done_hook_ = std::move(hook); }
+
+  // Holds `charge` until the stream ends, however it ends. Call before
+  // Start.
+  void Hold(QuotaCharge charge) { charge_ = std::move(charge); }
+
   void OnWriteDone(bool ok) override { state_->WriteDone(ok); }
 
   void OnCancel() override {
@@ -147,6 +192,7 @@ class EventStream final : public grpc::ServerWriteReactor<Response> {
 
   void OnDone() override {
     store_->CancelWatch(id_);
+    if (done_hook_) done_hook_();
     delete this;
   }
 
@@ -168,6 +214,11 @@ class EventStream final : public grpc::ServerWriteReactor<Response> {
       if (gauges_ == nullptr) return;
       --gauges_->streams;
       gauges_->buffered_bytes -= static_cast<int64_t>(pending_bytes_);
+    }
+
+    void SetWriteCheck(std::function<absl::Status()> check) {
+      absl::MutexLock lock(&mu_);
+      check_ = std::move(check);
     }
 
     // Queues events (replayed ones arrive before Begin).
@@ -274,6 +325,9 @@ class EventStream final : public grpc::ServerWriteReactor<Response> {
     Action NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       Action action;
       if (!started_ || writing_ || finished_) return action;
+      if (!closing_ && !pending_.empty() && check_) {
+        if (absl::Status s = check_(); !s.ok()) CloseLocked(ToGrpcStatus(s));
+      }
       if (closing_) {
         finished_ = true;
         action.finish = close_status_;
@@ -286,7 +340,11 @@ class EventStream final : public grpc::ServerWriteReactor<Response> {
 
     void Run(const Action& action) {
       if (action.write != nullptr) reactor_->StartWrite(action.write);
-      if (action.finish) reactor_->Finish(*action.finish);
+      if (action.finish) {
+        // As PendingUnary::Handle::Finish. Only one Run finishes.
+        reactor_->charge_.Release();
+        reactor_->Finish(*action.finish);
+      }
     }
 
     EventStream* const reactor_;
@@ -303,12 +361,43 @@ class EventStream final : public grpc::ServerWriteReactor<Response> {
     bool closing_ ABSL_GUARDED_BY(mu_) = false;
     bool finished_ ABSL_GUARDED_BY(mu_) = false;
     grpc::Status close_status_ ABSL_GUARDED_BY(mu_);
+    std::function<absl::Status()> check_ ABSL_GUARDED_BY(mu_);
   };
 
   store::KvStore* const store_;
   std::shared_ptr<State> state_;
   std::atomic<store::KvStore::WatchId> id_{0};
+  QuotaCharge charge_;
+  std::function<void()> done_hook_;
 };
+
+// The checks of auth.h and quota.h for calls that hold something until they
+// end; shared by the store and membership services.
+
+// Charges the tenant behind `grant` (unused with auth off, `auth` null)
+// for what a call holds: nothing without quotas or for an admin.
+inline absl::StatusOr<QuotaCharge> ChargeCall(
+    Quotas* quotas, Authenticator* auth, const Grant& grant,
+    const grpc::CallbackServerContext& ctx,
+    std::initializer_list<std::pair<Quota, uint64_t>> amounts) {
+  if (quotas == nullptr) return QuotaCharge();
+  return quotas->Charge(
+      QuotaOwner(auth == nullptr ? nullptr : &grant, ctx.peer()), amounts);
+}
+
+// Ends `stream` with UNAUTHENTICATED once `grant` stops holding: at once
+// when it is revoked, before its next message once it expired.
+template <typename Response>
+absl::Status EndWithGrant(Authenticator* auth, const Grant& grant,
+                          EventStream<Response>& stream) {
+  if (auth == nullptr) return absl::OkStatus();
+  absl::StatusOr<Authenticator::GrantWatchId> watch =
+      auth->WatchGrant(grant, stream.Ender());
+  if (!watch.ok()) return watch.status();
+  stream.SetWriteCheck([auth, grant] { return auth->CheckExpiry(grant); });
+  stream.SetDoneHook([auth, id = *watch] { auth->ForgetGrant(id); });
+  return absl::OkStatus();
+}
 
 }  // namespace cohort::server
 

@@ -1,6 +1,7 @@
 #include "server/store_service.h"
 
 #include <functional>
+#include <initializer_list>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -29,20 +30,50 @@ std::vector<std::string> ToVector(const Repeated& keys) {
 }
 
 // Starts a KvStore wait that completes `reactor`; `fill` writes the
-// response from the keys' values.
+// response from the keys' values. `charge` is held until the call ends.
+// With auth on (`auth` not null) the call ends UNAUTHENTICATED instead,
+// with no values, once `grant` stops holding: at once when it is revoked
+// (WatchGrant), else when the wait completes (Recheck).
 grpc::ServerUnaryReactor* WaitFor(KvStore* store, std::vector<std::string> keys,
                                   bool read_values, absl::Duration timeout,
+                                  QuotaCharge charge, Authenticator* auth,
+                                  const Grant& grant,
                                   std::function<void(ReadResult&)> fill) {
   auto* reactor = new PendingUnary();
+  reactor->Hold(std::move(charge));
   PendingUnary::Handle handle = reactor->handle();
+  Authenticator::GrantWatchId watch = 0;
+  if (auth != nullptr) {
+    absl::StatusOr<Authenticator::GrantWatchId> watched =
+        auth->WatchGrant(grant, [handle](absl::Status why) {
+          if (handle.Claim()) handle.Finish(why);
+        });
+    if (!watched.ok()) {
+      handle.Claim();
+      handle.Finish(watched.status());
+      return reactor;
+    }
+    watch = *watched;
+  }
   KvStore::WaitId id = store->WaitForKeys(
       std::move(keys), read_values, timeout,
-      [handle, fill = std::move(fill)](absl::StatusOr<ReadResult> r) {
+      [handle, auth, grant,
+       fill = std::move(fill)](absl::StatusOr<ReadResult> r) {
         if (!handle.Claim()) return;
+        if (r.ok() && auth != nullptr) {
+          if (absl::Status s = auth->Recheck(grant); !s.ok()) {
+            return handle.Finish(s);
+          }
+        }
         if (r.ok()) fill(*r);
         handle.Finish(r.status());
       });
   if (id != 0) reactor->SetCancelHook([store, id] { store->CancelWait(id); });
+  // A wait ended by a revocation is still registered: forget it too.
+  reactor->SetDoneHook([store, id, auth, watch] {
+    if (id != 0) store->CancelWait(id);
+    if (auth != nullptr) auth->ForgetGrant(watch);
+  });
   return reactor;
 }
 
@@ -81,14 +112,20 @@ grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx,
                                             const v1::GetRequest* req,
                                             v1::GetResponse* resp) {
+  Grant grant;
   if (absl::Status s = AuthorizeCall(options_.auth, *ctx, "key", req->key(),
-                                     Access::kRead);
+                                     Access::kRead, &grant);
       !s.ok()) {
     return FinishNow(ctx, s);
   }
   absl::StatusOr<absl::Duration> timeout = RequestTimeout(req->timeout_ms());
   if (!timeout.ok()) return FinishNow(ctx, timeout.status());
+  absl::StatusOr<QuotaCharge> charge =
+      ChargeCall(options_.quotas, options_.auth, grant, *ctx,
+                 {{Quota::kWaits, 1}, {Quota::kWaitedKeys, 1}});
+  if (!charge.ok()) return FinishNow(ctx, charge.status());
   return WaitFor(store_, {req->key()}, /*read_values=*/true, *timeout,
+                 std::move(*charge), options_.auth, grant,
                  [resp](ReadResult& r) {
                    resp->set_value(std::move(r.values[0]));
                    resp->set_revision(r.revision);
@@ -138,14 +175,22 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(
 grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* ctx,
                                              const v1::WaitRequest* req,
                                              v1::WaitResponse* resp) {
-  if (absl::Status s = AuthorizeCall(options_.auth, *ctx, "key",
-                                     ToVector(req->keys()), Access::kRead);
+  Grant grant;
+  if (absl::Status s =
+          AuthorizeCall(options_.auth, *ctx, "key", ToVector(req->keys()),
+                        Access::kRead, &grant);
       !s.ok()) {
     return FinishNow(ctx, s);
   }
   absl::StatusOr<absl::Duration> timeout = RequestTimeout(req->timeout_ms());
   if (!timeout.ok()) return FinishNow(ctx, timeout.status());
+  absl::StatusOr<QuotaCharge> charge = ChargeCall(
+      options_.quotas, options_.auth, grant, *ctx,
+      {{Quota::kWaits, 1},
+       {Quota::kWaitedKeys, static_cast<uint64_t>(req->keys_size())}});
+  if (!charge.ok()) return FinishNow(ctx, charge.status());
   return WaitFor(store_, ToVector(req->keys()), /*read_values=*/false, *timeout,
+                 std::move(*charge), options_.auth, grant,
                  [resp](ReadResult& r) { resp->set_revision(r.revision); });
 }
 
@@ -202,14 +247,22 @@ grpc::ServerUnaryReactor* StoreService::NumKeys(
 grpc::ServerUnaryReactor* StoreService::MultiGet(
     grpc::CallbackServerContext* ctx, const v1::MultiGetRequest* req,
     v1::MultiGetResponse* resp) {
-  if (absl::Status s = AuthorizeCall(options_.auth, *ctx, "key",
-                                     ToVector(req->keys()), Access::kRead);
+  Grant grant;
+  if (absl::Status s =
+          AuthorizeCall(options_.auth, *ctx, "key", ToVector(req->keys()),
+                        Access::kRead, &grant);
       !s.ok()) {
     return FinishNow(ctx, s);
   }
   absl::StatusOr<absl::Duration> timeout = RequestTimeout(req->timeout_ms());
   if (!timeout.ok()) return FinishNow(ctx, timeout.status());
+  absl::StatusOr<QuotaCharge> charge = ChargeCall(
+      options_.quotas, options_.auth, grant, *ctx,
+      {{Quota::kWaits, 1},
+       {Quota::kWaitedKeys, static_cast<uint64_t>(req->keys_size())}});
+  if (!charge.ok()) return FinishNow(ctx, charge.status());
   return WaitFor(store_, ToVector(req->keys()), /*read_values=*/true, *timeout,
+                 std::move(*charge), options_.auth, grant,
                  [resp](ReadResult& r) {
                    for (std::string& v : r.values) {
                      resp->add_values(std::move(v));
@@ -278,13 +331,25 @@ grpc::ServerWriteReactor<v1::WatchResponse>* StoreService::Watch(
     grpc::CallbackServerContext* ctx, const v1::WatchRequest* req) {
   auto* reactor = new EventStream<v1::WatchResponse>(
       store_, options_.watch_buffer_bytes, AppendEvent, options_.watch_gauges);
+  Grant grant;
   absl::StatusOr<std::string> prefix =
-      AuthorizedPrefix(options_.auth, *ctx, req->prefix());
+      AuthorizedPrefix(options_.auth, *ctx, req->prefix(), &grant);
   if (!prefix.ok()) {
     reactor->Fail(prefix.status());
-  } else {
-    reactor->Start(*prefix, req->from_revision());
+    return reactor;
   }
+  absl::StatusOr<QuotaCharge> charge = ChargeCall(
+      options_.quotas, options_.auth, grant, *ctx, {{Quota::kWatchStreams, 1}});
+  if (!charge.ok()) {
+    reactor->Fail(charge.status());
+    return reactor;
+  }
+  reactor->Hold(std::move(*charge));
+  if (absl::Status s = EndWithGrant(options_.auth, grant, *reactor); !s.ok()) {
+    reactor->Fail(s);
+    return reactor;
+  }
+  reactor->Start(*prefix, req->from_revision());
   return reactor;
 }
 

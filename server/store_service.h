@@ -13,6 +13,7 @@
 
 #include "cohort/v1/store.grpc.pb.h"
 #include "server/auth.h"
+#include "server/quota.h"
 #include "store/kv_store.h"
 
 namespace cohort::server {
@@ -29,6 +30,12 @@ struct StoreServiceOptions {
   // Where open watches and their unsent bytes are counted (metrics); null:
   // nowhere. Must outlive the service's streams.
   WatchGauges* watch_gauges = nullptr;
+  // Charges each tenant (QuotaOwner: a job's token, or with auth off a
+  // connection) for its open watch streams and its parked waits (Get,
+  // Wait, MultiGet; one wait and its number of keys), until the call ends;
+  // a call over a quota fails with RESOURCE_EXHAUSTED naming it. Null: no
+  // quotas. Not owned; must outlive the service's calls.
+  Quotas* quotas = nullptr;
 };
 
 class StoreService final : public cohort::v1::Store::CallbackService {

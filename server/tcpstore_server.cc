@@ -2,16 +2,21 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -30,6 +35,7 @@
 #include "proto/c10d/rules.h"
 #include "proto/tcpstore/wire.h"
 #include "server/listener.h"
+#include "server/quota.h"
 
 namespace cohort::server {
 namespace {
@@ -181,6 +187,12 @@ class TcpStoreServer::Loop {
       : store_(store),
         options_(std::move(options)),
         limits_{store_->limits().c10d_limits(), options_.max_request_bytes},
+        own_budget_(
+            options_.budget == nullptr
+                ? std::make_unique<ConnectionBudget>(options_.max_connections)
+                : nullptr),
+        budget_(options_.budget != nullptr ? options_.budget
+                                           : own_budget_.get()),
         log_(options_.log, options_.log_every) {
     read_buffer_.resize(kReadBufferBytes);
   }
@@ -219,6 +231,14 @@ class TcpStoreServer::Loop {
   // of microseconds on a VM), and runnable clients still get the core.
   void Run() {
     loop_thread_ = std::this_thread::get_id();
+    // libuv writes with write(2): to a peer that has gone, that raises
+    // SIGPIPE, which would end the process that embeds the server unless
+    // it ignores the signal. Blocked on this thread, the write fails with
+    // EPIPE and the connection is closed.
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
     const int64_t spin_ns =
         absl::ToInt64Nanoseconds(options_.spin_after_activity);
     for (;;) {
@@ -261,11 +281,19 @@ class TcpStoreServer::Loop {
     s.refused_not_allowed = refused_not_allowed_.load();
     s.refused_unauthenticated = refused_unauthenticated_.load();
     s.requests = requests_.load();
+    s.unsent_bytes = unsent_total_reported_.load();
+    s.peak_unsent_bytes = peak_unsent_.load();
+    s.queue_bytes = queue_bytes_reported_.load();
+    s.closed_slow_readers = closed_slow_readers_.load();
+    s.refused_quota = refused_quota_.load();
+    s.refused_no_budget = refused_no_budget_.load();
     return s;
   }
 
  private:
   enum class Block { kNone, kWait, kBarrier };
+
+  struct WriteReq;
 
   struct Conn {
     uv_tcp_t tcp;
@@ -277,10 +305,21 @@ class TcpStoreServer::Loop {
     bool greeted = false;
     std::string name_space;
     std::optional<Dialect> dialect;
+    // The quota owner it is charged to (null: none), and its token's
+    // validity check (TcpStoreGrant).
+    std::shared_ptr<const std::string> owner;
+    std::function<absl::Status()> still_valid;
+    bool charged_connection = false;
+    size_t charged_wait_keys = 0;  // With one wait, while blocked.
+    bool took_budget = false;
+    size_t counted = 0;    // Its unsent bytes as counted in unsent_total_.
+    bool stalled = false;  // In stalled_ (as {counted, id}).
     std::string in;      // Unparsed bytes, when a request spans reads.
     size_t need = 0;     // Bytes `in` must hold before parsing again.
     std::string out;     // Replies not yet handed to the socket.
-    size_t unsent = 0;   // Bytes in uv_write requests not yet completed.
+    size_t unsent = 0;   // Memory of the uv_write request not yet completed.
+    // That request (one at a time); null when none.
+    WriteReq* writing = nullptr;
     size_t used = 0;     // Bytes of `in` applied, erased after the commit.
     bool ready = false;  // Listed in ready_.
     bool reading = false;
@@ -293,6 +332,11 @@ class TcpStoreServer::Loop {
     store::KvStore::WaitId wait_id = 0;
     std::vector<std::string> wait_keys;
     std::string barrier_key;
+  };
+
+  struct QueueItem {
+    std::string value;
+    std::shared_ptr<const std::string> owner;  // Charged for it.
   };
 
   struct WriteReq {
@@ -347,10 +391,12 @@ class TcpStoreServer::Loop {
   static void OnWritten(uv_write_t* req, int status) {
     auto* w = reinterpret_cast<WriteReq*>(req);
     Conn* c = static_cast<Conn*>(req->data);
-    c->unsent -= w->data.size();
     delete w;
     if (c->closing) return;
+    c->writing = nullptr;
+    c->unsent = 0;
     Loop* loop = c->loop;
+    loop->Recount(*c);
     if (status < 0) {
       loop->Close(*c, absl::StrCat("write failed: ", uv_strerror(status)),
                   false);
@@ -404,14 +450,18 @@ class TcpStoreServer::Loop {
       return;
     }
     ++accepted_;
-    if (conns_.size() >= options_.max_connections) {
-      log_.Log(absl::StrCat("refusing TCPStore connection from ",
-                            PeerName(&c->tcp), ": ", conns_.size(),
-                            " connections are open (max_connections)"));
+    if (!budget_->TryTake()) {
+      ++refused_no_budget_;
+      log_.Log(absl::StrCat(
+          "refusing TCPStore connection from ", PeerName(&c->tcp), ": ",
+          budget_->max(),
+          " connections are open across cohortd's gRPC and TCPStore "
+          "listeners (--max_connections)"));
       uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), &Loop::OnClosed);
       return;
     }
     if (!Allowed(c->tcp)) {
+      budget_->Give();
       ++refused_not_allowed_;
       log_.Log(absl::StrCat("refusing TCPStore connection from ",
                             PeerName(&c->tcp),
@@ -421,6 +471,7 @@ class TcpStoreServer::Loop {
     }
     uv_tcp_nodelay(&c->tcp, 1);
     c->peer = PeerName(&c->tcp);
+    c->took_budget = true;
     c->name_space = options_.prefix;
     c->id = next_conn_id_++;
     conns_.emplace(c->id, c);
@@ -453,13 +504,114 @@ class TcpStoreServer::Loop {
     if (bad_input) ++closed_bad_input_;
     CancelBlock(c);
     c.closing = true;
+    // Its replies' memory goes now, not once libuv has closed the socket
+    // (after this pass), so that what CloseSlowReaders frees is free before
+    // anything more is served. libuv closes the descriptor here and never
+    // reads a pending write's bytes again.
+    if (c.writing != nullptr) std::string().swap(c.writing->data);
+    std::string().swap(c.out);
+    std::string().swap(c.in);
+    Recount(c);
+    if (c.took_budget) budget_->Give();
+    c.took_budget = false;
+    if (c.charged_connection) Uncharge(c.owner, Quota::kConnections, 1);
+    c.charged_connection = false;
     conns_.erase(c.id);
     connections_ = conns_.size();
     uv_close(reinterpret_cast<uv_handle_t*>(&c.tcp), &Loop::OnClosed);
   }
 
+  // The memory the connection's replies hold: buffers' capacities, which
+  // the bytes still to send may be far short of.
+  static size_t Unsent(const Conn& c) {
+    return c.unsent + (c.out.empty() ? 0 : c.out.capacity());
+  }
+
+  // Brings unsent_total_ and stalled_ up to date with the connection's
+  // replies.
+  void Recount(Conn& c) {
+    const size_t now = c.closing ? 0 : Unsent(c);
+    if (c.stalled) stalled_.erase({c.counted, c.id});
+    c.stalled = !c.closing && c.unsent > 0;
+    if (c.stalled) stalled_.insert({now, c.id});
+    unsent_total_ = unsent_total_ - c.counted + now;
+    c.counted = now;
+    unsent_total_reported_.store(unsent_total_, std::memory_order_relaxed);
+    if (unsent_total_ > peak_unsent_.load(std::memory_order_relaxed)) {
+      peak_unsent_.store(unsent_total_, std::memory_order_relaxed);
+    }
+  }
+
+  bool UnderPressure() const {
+    return unsent_total_ > options_.max_unsent_bytes_total;
+  }
+
+  // Over its own bound; or, while all connections together are over theirs,
+  // holding any replies at all.
   bool Backlogged(const Conn& c) const {
-    return c.unsent + c.out.size() > options_.max_unsent_bytes;
+    const size_t unsent = Unsent(c);
+    return unsent > options_.max_unsent_bytes ||
+           (unsent > 0 && UnderPressure());
+  }
+
+  // While the replies queued for all connections pass
+  // max_unsent_bytes_total, closes the connections holding replies the
+  // kernel would not take (their peers are not reading), the largest first.
+  // Connections whose peers read hold nothing here, so they are never
+  // chosen.
+  void CloseSlowReaders() {
+    const size_t held = unsent_total_;
+    while (UnderPressure() && !stalled_.empty()) {
+      Conn* c = Find(std::prev(stalled_.end())->second);
+      if (c == nullptr) {  // Not expected: Close recounts.
+        stalled_.erase(std::prev(stalled_.end()));
+        continue;
+      }
+      ++closed_slow_readers_;
+      Close(*c,
+            absl::StrCat("it has not read ", Unsent(*c),
+                         " bytes of replies, and ", held,
+                         " bytes are queued for all connections, over "
+                         "--tcpstore_max_unsent_bytes_total=",
+                         options_.max_unsent_bytes_total,
+                         ": a client must read the replies to what it sends"),
+            false);
+    }
+  }
+
+  // Charges the connection's owner; OK when it has none or quotas are off.
+  absl::Status Charge(const Conn& c, Quota quota, uint64_t amount) {
+    if (options_.quotas == nullptr || c.owner == nullptr) {
+      return absl::OkStatus();
+    }
+    return options_.quotas->Take(*c.owner, quota, amount);
+  }
+
+  void Uncharge(const std::shared_ptr<const std::string>& owner, Quota quota,
+                uint64_t amount) {
+    if (options_.quotas == nullptr || owner == nullptr || amount == 0) return;
+    options_.quotas->Give(*owner, quota, amount);
+  }
+
+  // Closes the connection for a request over a quota.
+  void OverQuota(Conn& c, Op op, const absl::Status& why) {
+    ++refused_quota_;
+    Close(c, absl::StrCat(OpName(op), " refused: ", why.message()), false);
+  }
+
+  // Binds the connection to its quota owner and charges it the connection.
+  // False when that is over the quota (the connection is then closed).
+  bool Bind(Conn& c, std::string owner) {
+    if (!owner.empty()) {
+      c.owner = std::make_shared<const std::string>(std::move(owner));
+    }
+    if (absl::Status s = Charge(c, Quota::kConnections, 1); !s.ok()) {
+      ++refused_quota_;
+      Close(c, absl::StrCat("refused: ", s.message()), false);
+      return false;
+    }
+    c.charged_connection = c.owner != nullptr && options_.quotas != nullptr;
+    return true;
   }
 
   // Reads while the connection can use more input: not while its replies
@@ -488,14 +640,30 @@ class TcpStoreServer::Loop {
       Close(c, absl::StrCat("write failed: ", uv_strerror(n)), false);
       return;
     }
-    if (n > 0) c.out.erase(0, n);
-    if (c.out.empty()) return;
+    if (n > 0 && static_cast<size_t>(n) == c.out.size()) {
+      // A big reply's buffer is let go, not kept for the next, small one.
+      if (c.out.capacity() > kReadBufferBytes) {
+        std::string().swap(c.out);
+      } else {
+        c.out.clear();
+      }
+      return;
+    }
     auto* w = new WriteReq;
-    w->data = std::move(c.out);
-    c.out.clear();
+    if (n > 0) {
+      // The rest in a buffer of its own size: the one the replies were
+      // built in may be many times larger, and it would be held (and
+      // counted) until the peer reads.
+      w->data.assign(c.out, n);
+      std::string().swap(c.out);
+    } else {
+      w->data = std::move(c.out);
+      c.out.clear();
+    }
     w->buf = uv_buf_init(w->data.data(), w->data.size());
     w->req.data = &c;
-    c.unsent += w->data.size();
+    c.unsent += w->data.capacity();
+    c.writing = w;
     uv_write(&w->req, stream, &w->buf, 1, &Loop::OnWritten);
   }
 
@@ -531,9 +699,18 @@ class TcpStoreServer::Loop {
           std::string().swap(c->in);
         }
         Flush(*c);
+        if (c->closing) continue;
+        Recount(*c);
         UpdateReading(*c);
+        // Requests it sent are still to be served, and no write completion
+        // will ready it (the kernel took every reply).
+        if (!c->in.empty() && c->in.size() >= c->need &&
+            c->block == Block::kNone && !Backlogged(*c)) {
+          MarkReady(*c);
+        }
       }
       RunLocal();
+      CloseSlowReaders();
     }
   }
 
@@ -624,6 +801,7 @@ class TcpStoreServer::Loop {
             break;
           }
           c.greeted = true;
+          if (!Bind(c, absl::StrCat("connection ", c.peer))) break;
           continue;
         }
         absl::string_view name_space, token;
@@ -639,8 +817,9 @@ class TcpStoreServer::Loop {
           break;
         }
         const std::string bound = absl::StrCat(options_.prefix, name_space);
+        std::string owner = absl::StrCat("connection ", c.peer);
         if (!token.empty() || options_.require_token) {
-          absl::Status allowed =
+          absl::StatusOr<TcpStoreGrant> allowed =
               token.empty()
                   ? absl::UnauthenticatedError("its hello carries no token")
               : options_.authorize
@@ -650,14 +829,17 @@ class TcpStoreServer::Loop {
                         "without --auth_tokens)");
           if (!allowed.ok()) {
             ++refused_unauthenticated_;
-            Close(c, absl::StrCat("refused: ", allowed.message()),
+            Close(c, absl::StrCat("refused: ", allowed.status().message()),
                   /*bad_input=*/false);
             break;
           }
+          owner = std::move(allowed->owner);
+          c.still_valid = std::move(allowed->still_valid);
         }
         c.name_space = bound;
         c.greeted = true;
         pos += hello.size;
+        if (!Bind(c, std::move(owner))) break;
         continue;
       }
       if (!c.dialect.has_value()) {
@@ -702,6 +884,17 @@ class TcpStoreServer::Loop {
       pos += parsed.size;
       ++requests_;
       read_ns_ = options_.on_query ? absl::GetCurrentTimeNanos() : 0;
+      if (c.still_valid) {
+        // A token revoked (or expired) since the hello ends its connection
+        // at its next request.
+        if (absl::Status valid = c.still_valid(); !valid.ok()) {
+          ++refused_unauthenticated_;
+          Close(c,
+                absl::StrCat("its token is no longer valid: ", valid.message()),
+                false);
+          break;
+        }
+      }
       if (c.name_space.empty()) {
         Handle(c, request);
       } else {
@@ -709,6 +902,18 @@ class TcpStoreServer::Loop {
         Handle(c, InNamespace(c.name_space, request, keys));
       }
       Handled(c, request.op);
+      if (c.closing) break;
+      if (UnderPressure()) {
+        // Hand the reply to the kernel now: a reader's leaves cohortd at
+        // once, and one stranded by a peer that does not read is counted
+        // before anything else is served.
+        Flush(c);
+        if (c.closing) break;
+        Recount(c);
+        CloseSlowReaders();
+      } else {
+        Recount(c);
+      }
     }
     return pos;
   }
@@ -874,16 +1079,38 @@ class TcpStoreServer::Loop {
         }
         return;
       }
-      case Op::kQueuePush:
-        queues_[r.key].emplace_back(r.value);
+      case Op::kQueuePush: {
+        if (queue_bytes_ + r.value.size() > options_.max_queue_bytes_total) {
+          return OverQuota(c, r.op,
+                           absl::ResourceExhaustedError(absl::StrCat(
+                               "the queues hold ", queue_bytes_, " bytes, and ",
+                               r.value.size(),
+                               " more would pass "
+                               "--tcpstore_max_queue_bytes=",
+                               options_.max_queue_bytes_total,
+                               ": pop what the queues hold first")));
+        }
+        if (absl::Status s = Charge(c, Quota::kQueueBytes, r.value.size());
+            !s.ok()) {
+          return OverQuota(c, r.op, s);
+        }
+        queue_bytes_ += r.value.size();
+        queue_bytes_reported_.store(queue_bytes_, std::memory_order_relaxed);
+        queues_[r.key].push_back(
+            {.value = std::string(r.value), .owner = c.owner});
         WakeQueueWaiter(std::string(r.key));
         return;
+      }
       case Op::kQueuePop: {
         auto it = queues_.find(r.key);
         const int64_t size = it == queues_.end() ? 0 : it->second.size();
         reply.I64(size);
         if (size > 0) {
-          reply.Bytes(it->second.front());
+          QueueItem& front = it->second.front();
+          reply.Bytes(front.value);
+          Uncharge(front.owner, Quota::kQueueBytes, front.value.size());
+          queue_bytes_ -= front.value.size();
+          queue_bytes_reported_.store(queue_bytes_, std::memory_order_relaxed);
           it->second.pop_front();
           if (it->second.empty()) queues_.erase(it);
         }
@@ -941,6 +1168,7 @@ class TcpStoreServer::Loop {
       StopWaiting(c);
       return;
     }
+    if (!ChargeWait(c, Op::kWait, missing.size())) return;
     c.block = Block::kWait;
     ++blocked_;
     const uint64_t id = c.id;
@@ -959,8 +1187,25 @@ class TcpStoreServer::Loop {
         });
   }
 
+  // Charges a wait on `keys` keys to the connection's owner; false (and the
+  // connection closed) when that is over a quota.
+  bool ChargeWait(Conn& c, Op op, size_t keys) {
+    if (absl::Status s = Charge(c, Quota::kWaits, 1); !s.ok()) {
+      OverQuota(c, op, s);
+      return false;
+    }
+    if (absl::Status s = Charge(c, Quota::kWaitedKeys, keys); !s.ok()) {
+      Uncharge(c.owner, Quota::kWaits, 1);
+      OverQuota(c, op, s);
+      return false;
+    }
+    c.charged_wait_keys = keys;
+    return true;
+  }
+
   void StartBarrier(Conn& c, absl::string_view key, int64_t target,
                     int64_t revision) {
+    if (!ChargeWait(c, Op::kBarrier, 1)) return;
     Barrier& b = barriers_[key];
     if (b.watch == 0) {
       std::string k(key);
@@ -984,6 +1229,9 @@ class TcpStoreServer::Loop {
           });
       if (!watch.ok()) {
         barriers_.erase(key);
+        Uncharge(c.owner, Quota::kWaits, 1);
+        Uncharge(c.owner, Quota::kWaitedKeys, 1);
+        c.charged_wait_keys = 0;
         Close(c, absl::StrCat("BARRIER failed: ", watch.status().message()),
               false);
         return;
@@ -1071,6 +1319,9 @@ class TcpStoreServer::Loop {
     if (c.block == Block::kNone) return;
     Observe(c.blocked_op, c.blocked_since_ns, outcome);
     --blocked_;
+    Uncharge(c.owner, Quota::kWaits, 1);
+    Uncharge(c.owner, Quota::kWaitedKeys, c.charged_wait_keys);
+    c.charged_wait_keys = 0;
     if (c.block == Block::kWait) {
       for (const std::string& k : c.wait_keys) {
         auto it = queue_waiters_.find(k);
@@ -1157,6 +1408,8 @@ class TcpStoreServer::Loop {
   store::KvStore* const store_;
   const TcpStoreServerOptions options_;
   const tcpstore::Limits limits_;
+  std::unique_ptr<ConnectionBudget> own_budget_;  // Without options_.budget.
+  ConnectionBudget* const budget_;
 
   uv_loop_t loop_;
   uv_tcp_t listener_;
@@ -1170,7 +1423,13 @@ class TcpStoreServer::Loop {
   std::string read_buffer_;
   uint64_t next_conn_id_ = 1;
   absl::flat_hash_map<uint64_t, Conn*> conns_;
-  absl::flat_hash_map<std::string, std::deque<std::string>> queues_;
+  absl::flat_hash_map<std::string, std::deque<QueueItem>> queues_;
+  size_t queue_bytes_ = 0;
+  // Replies queued for all connections (each one's `counted`).
+  size_t unsent_total_ = 0;
+  // The connections holding replies the kernel would not take, by bytes
+  // held: the slow readers CloseSlowReaders closes first.
+  std::set<std::pair<size_t, uint64_t>> stalled_;
   absl::flat_hash_map<std::string, absl::flat_hash_set<uint64_t>>
       queue_waiters_;
   absl::flat_hash_map<std::string, Barrier> barriers_;
@@ -1212,6 +1471,12 @@ class TcpStoreServer::Loop {
   std::atomic<uint64_t> refused_not_allowed_{0};
   std::atomic<uint64_t> refused_unauthenticated_{0};
   std::atomic<uint64_t> requests_{0};
+  std::atomic<size_t> unsent_total_reported_{0};
+  std::atomic<size_t> peak_unsent_{0};
+  std::atomic<size_t> queue_bytes_reported_{0};
+  std::atomic<uint64_t> closed_slow_readers_{0};
+  std::atomic<uint64_t> refused_quota_{0};
+  std::atomic<uint64_t> refused_no_budget_{0};
 
  public:
   // TcpStoreServerOptions::allow, parsed (by Start, before the loop runs).

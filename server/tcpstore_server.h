@@ -16,9 +16,22 @@
 // request from a port scanner) closes that connection alone, with a
 // rate-limited log line naming the peer and the reason; so does a write to
 // cohortd's reserved namespace (keys under "/cohort/", c10d::CheckClientWrite),
-// which the protocol has no error reply for. A client that
-// does not read its replies stops being read from once max_unsent_bytes
-// are queued for it.
+// which the protocol has no error reply for.
+//
+// Replies wait in memory until the client reads them. A client that does
+// not read stops being read from once max_unsent_bytes are queued for it;
+// and once all connections together hold max_unsent_bytes_total, only
+// connections with nothing queued are served (one request at a time), and
+// those that hold replies the kernel would not take are closed, the
+// largest first, until the total is back under the bound. So clients that
+// never read cost at most that bound, and clients that read their replies
+// are served as before.
+//
+// Quotas (server/quota.h): each connection is charged to an owner (its
+// token's tenant, or the connection itself without a token): one
+// connection, a parked WAIT or BARRIER and its keys, the bytes it pushes to
+// queues (given back when popped). A request over a quota closes its
+// connection, with a log line naming the quota and its flag.
 //
 // A connection may open with cohort's namespace hello (proto/tcpstore/
 // wire.h), as cohortrun's node proxy does for its workers. Every key of
@@ -46,9 +59,12 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "proto/tcpstore/wire.h"
+#include "server/listener.h"
 #include "store/kv_store.h"
 
 namespace cohort::server {
+
+class Quotas;  // server/quota.h
 
 // What became of one TCPStore request (TcpStoreServerOptions::on_query).
 enum class TcpStoreOutcome {
@@ -59,18 +75,40 @@ enum class TcpStoreOutcome {
   kCancelled,
 };
 
+// What a token hello was granted (TcpStoreServerOptions::authorize).
+struct TcpStoreGrant {
+  // The quota owner the connection is charged to; "" charges nothing (an
+  // admin token).
+  std::string owner;
+  // Whether the token is still valid (revocation, expiry): checked before
+  // each request of the connection, which is closed with the reason when
+  // it is not. Null: always valid.
+  std::function<absl::Status()> still_valid;
+};
+
 struct TcpStoreServerOptions {
   // HOST:PORT; port 0 picks a free one (see port()). 29400 is what
   // torchrun's c10d rendezvous dials by default.
   std::string listen = "0.0.0.0:29400";
   // Connections open at once; one more is closed as soon as it is accepted.
   size_t max_connections = 16384;
+  // Shared with cohortd's other listeners, in place of max_connections.
+  // Not owned; must outlive the server.
+  ConnectionBudget* budget = nullptr;
   // The most bytes one request may take (a big MULTI_SET, say); keys,
   // values and keys per request are bounded by the store's own limits.
   size_t max_request_bytes = 64 << 20;
   // Replies queued for a connection past which cohortd stops reading its
   // requests until it reads its replies.
   size_t max_unsent_bytes = 4 << 20;
+  // Replies queued for all connections together past which the slow
+  // readers are paused and closed (see above).
+  size_t max_unsent_bytes_total = 256 << 20;
+  // Bytes in all queues together (QUEUE_PUSH) past which a push closes its
+  // connection; each owner's share is bounded by its quota.
+  size_t max_queue_bytes_total = 1 << 30;
+  // Per-owner quotas. Not owned; null: none.
+  Quotas* quotas = nullptr;
   // How long the loop thread keeps polling, instead of sleeping, after a
   // request arrives (yielding the CPU between polls). 0: always sleep.
   absl::Duration spin_after_activity = absl::Microseconds(50);
@@ -85,10 +123,10 @@ struct TcpStoreServerOptions {
   // namespace.
   std::string prefix;
   // Checks the token of a token hello (proto/tcpstore/wire.h) against the
-  // namespace it binds (after `prefix`): OK, or why the connection is
-  // closed. Null: token hellos are refused.
-  std::function<absl::Status(absl::string_view token,
-                             absl::string_view name_space)>
+  // namespace it binds (after `prefix`): what it grants, or why the
+  // connection is closed. Null: token hellos are refused.
+  std::function<absl::StatusOr<TcpStoreGrant>(absl::string_view token,
+                                              absl::string_view name_space)>
       authorize;
   // Serve only connections that open with a token hello that `authorize`
   // accepts (cohortd sets it when auth is on). Plain torch clients are
@@ -114,6 +152,12 @@ struct TcpStoreServerStats {
   uint64_t refused_not_allowed = 0;  // Peers outside `allow`.
   uint64_t refused_unauthenticated = 0;  // No token, or one refused.
   uint64_t requests = 0;
+  size_t unsent_bytes = 0;           // Replies queued for all connections now.
+  size_t peak_unsent_bytes = 0;      // The most unsent_bytes has been.
+  size_t queue_bytes = 0;            // In QUEUE_PUSH queues now.
+  uint64_t closed_slow_readers = 0;  // Closed to keep unsent_bytes bounded.
+  uint64_t refused_quota = 0;        // Connections closed over a quota.
+  uint64_t refused_no_budget = 0;    // Closed at accept: max_connections.
 };
 
 class TcpStoreServer {

@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "proto/tcpstore/wire.h"
+#include "server/quota.h"
 #include "store/kv_engine.h"
 #include "store/kv_store.h"
 
@@ -646,26 +647,26 @@ TEST_F(TcpStoreServerPolicyTest, ThePrefixConfinesEveryConnection) {
 TEST_F(TcpStoreServerPolicyTest, WithTokensRequiredOnlyTokenHellosAreServed) {
   std::vector<std::string> checked;
   auto server = TcpStoreServer::Start(
-      store_.get(),
-      {.listen = "127.0.0.1:0",
-       .authorize =
-           [&checked](absl::string_view token,
-                      absl::string_view name_space) -> absl::Status {
-             checked.push_back(absl::StrCat(token, " ", name_space));
-             if (token != "good-token-0123456789") {
-               return absl::UnauthenticatedError("unknown token");
-             }
-             if (!absl::StartsWith(name_space, "/cohortrun/job1/")) {
-               return absl::PermissionDeniedError("outside job1/");
-             }
-             return absl::OkStatus();
-           },
-       .require_token = true,
-       .log = [this](absl::string_view line) {
-         absl::MutexLock lock(&mu_);
-         log_.emplace_back(line);
-       },
-       .log_every = absl::ZeroDuration()});
+      store_.get(), {.listen = "127.0.0.1:0",
+                     .authorize = [&checked](absl::string_view token,
+                                             absl::string_view name_space)
+                         -> absl::StatusOr<TcpStoreGrant> {
+                       checked.push_back(absl::StrCat(token, " ", name_space));
+                       if (token != "good-token-0123456789") {
+                         return absl::UnauthenticatedError("unknown token");
+                       }
+                       if (!absl::StartsWith(name_space, "/cohortrun/job1/")) {
+                         return absl::PermissionDeniedError("outside job1/");
+                       }
+                       return TcpStoreGrant{};
+                     },
+                     .require_token = true,
+                     .log =
+                         [this](absl::string_view line) {
+                           absl::MutexLock lock(&mu_);
+                           log_.emplace_back(line);
+                         },
+                     .log_every = absl::ZeroDuration()});
   ASSERT_TRUE(server.ok()) << server.status();
   const Dialect d = Dialect::kTorch21;
   auto hello = [](absl::string_view name_space, absl::string_view token) {
@@ -982,6 +983,228 @@ TEST_F(TcpStoreServerTest, AClientThatNeverReadsCannotGrowTheServer) {
   EXPECT_EQ(value->size(), size_t{1} << 20);
   shutdown(hog.fd(), SHUT_RDWR);
   sender.join();
+}
+
+// A server on its own options, logging into `log`.
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> StartWith(
+    store::KvStore* store, TcpStoreServerOptions options,
+    std::shared_ptr<std::vector<std::string>> log,
+    std::shared_ptr<absl::Mutex> mu) {
+  options.listen = "127.0.0.1:0";
+  options.log = [log, mu](absl::string_view line) {
+    absl::MutexLock lock(mu.get());
+    log->emplace_back(line);
+  };
+  options.log_every = absl::ZeroDuration();
+  return TcpStoreServer::Start(store, std::move(options));
+}
+
+// Sends VALIDATE and a PING; whether the PING was echoed.
+bool Greets(Wire& w) {
+  Request v = Q(Op::kValidate);
+  v.word = tcpstore::kValidateMagic;
+  w.Send(Dialect::kTorch21, v);
+  Request ping = Q(Op::kPing);
+  ping.word = 5;
+  w.Send(Dialect::kTorch21, ping);
+  return w.Read(4).has_value();
+}
+
+bool Mentions(const std::vector<std::string>& log, absl::Mutex& mu,
+              absl::string_view a, absl::string_view b) {
+  absl::MutexLock lock(&mu);
+  for (const std::string& line : log) {
+    if (absl::StrContains(line, a) && absl::StrContains(line, b)) return true;
+  }
+  return false;
+}
+
+template <typename Condition>
+bool Eventually(Condition done, absl::Duration give_up = absl::Seconds(60)) {
+  const absl::Time until = absl::Now() + give_up;
+  while (!done()) {
+    if (absl::Now() > until) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+TEST(TcpStoreSlowReadersTest, TogetherTheyHoldNoMoreThanTheTotalBound) {
+  store::KvStore store(store::NewMemoryEngine(), store::StoreLimits());
+  constexpr size_t kValue = 256 << 10;
+  constexpr size_t kPerConnection = 1 << 20;
+  constexpr size_t kTotal = 4 << 20;
+  constexpr int kReaders = 32;
+  ASSERT_TRUE(store.Set("/big", std::string(kValue, 'b')).ok());
+  auto log = std::make_shared<std::vector<std::string>>();
+  auto mu = std::make_shared<absl::Mutex>();
+  auto server = StartWith(
+      &store,
+      {.max_unsent_bytes = kPerConnection, .max_unsent_bytes_total = kTotal},
+      log, mu);
+  ASSERT_TRUE(server.ok()) << server.status();
+  // Each asks for 64 replies of 256 KiB (16 MiB) and reads none: on their
+  // own bounds alone they would hold 32 x 1 MiB.
+  std::string gets;
+  for (int i = 0; i < 64; ++i) {
+    tcpstore::EncodeRequest(Dialect::kTorch21, Q(Op::kGet, "/big"), &gets);
+  }
+  std::vector<std::unique_ptr<Wire>> hogs;
+  for (int i = 0; i < kReaders; ++i) {
+    auto w = std::make_unique<Wire>((*server)->port());
+    int small = 4096;
+    setsockopt(w->fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    ASSERT_TRUE(Greets(*w));
+    // The kernel takes only part: the rest waits in the socket.
+    int flags = MSG_NOSIGNAL | MSG_DONTWAIT;
+    (void)!send(w->fd(), gets.data(), gets.size(), flags);
+    hogs.push_back(std::move(w));
+  }
+  // A client that reads its replies is served all along.
+  Wire reader((*server)->port());
+  ASSERT_TRUE(Greets(reader));
+  for (int i = 0; i < 20; ++i) {
+    reader.Send(Dialect::kTorch21, Q(Op::kGet, "/big"));
+    auto value = reader.Bytes();
+    ASSERT_TRUE(value.has_value()) << "GET " << i << " was not answered";
+    ASSERT_EQ(value->size(), kValue);
+  }
+  ASSERT_TRUE(Eventually([&] {
+    return (*server)->stats().closed_slow_readers > 0;
+  })) << "no slow reader was closed; unsent "
+      << (*server)->stats().unsent_bytes;
+  ASSERT_TRUE(
+      Eventually([&] { return (*server)->stats().unsent_bytes <= kTotal; }));
+  // Past the total, a connection is served only while it holds nothing,
+  // one request at a time, and each reply the kernel would not take is
+  // counted (and the largest holders closed) before the next request: the
+  // most ever queued is the total plus one reply (a GET's value and its
+  // 8-byte length).
+  const TcpStoreServerStats stats = (*server)->stats();
+  EXPECT_LE(stats.peak_unsent_bytes, kTotal + kValue + 8);
+  EXPECT_TRUE(Mentions(*log, *mu, "--tcpstore_max_unsent_bytes_total",
+                       "must read the replies"));
+  // And still, after all that, the reader is served.
+  reader.Send(Dialect::kTorch21, Q(Op::kGet, "/big"));
+  auto value = reader.Bytes();
+  ASSERT_TRUE(value.has_value());
+  EXPECT_EQ(value->size(), kValue);
+}
+
+TEST(TcpStoreBudgetTest, ListenersSharingABudgetRefuseTogether) {
+  store::KvStore store(store::NewMemoryEngine(), store::StoreLimits());
+  auto log = std::make_shared<std::vector<std::string>>();
+  auto mu = std::make_shared<absl::Mutex>();
+  ConnectionBudget budget(3);
+  auto a = StartWith(&store, {.budget = &budget}, log, mu);
+  auto b = StartWith(&store, {.budget = &budget}, log, mu);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto a1 = std::make_unique<Wire>((*a)->port());
+  Wire a2((*a)->port()), b1((*b)->port());
+  ASSERT_TRUE(Greets(*a1) && Greets(a2) && Greets(b1));
+  EXPECT_EQ(budget.in_use(), 3u);
+  Wire b2((*b)->port());
+  EXPECT_FALSE(Greets(b2));
+  EXPECT_TRUE(b2.Closed());
+  EXPECT_EQ((*b)->stats().refused_no_budget, 1u);
+  EXPECT_TRUE(Mentions(*log, *mu, "across cohortd's gRPC and TCPStore",
+                       "--max_connections"));
+  // A connection closed on one listener makes room on the other.
+  a1.reset();
+  ASSERT_TRUE(Eventually([&] { return budget.in_use() == 2; }));
+  Wire b3((*b)->port());
+  EXPECT_TRUE(Greets(b3));
+}
+
+TEST(TcpStoreQuotaTest, QueuesAndWaitsAreChargedToTheirOwner) {
+  store::KvStore store(store::NewMemoryEngine(), store::StoreLimits());
+  auto log = std::make_shared<std::vector<std::string>>();
+  auto mu = std::make_shared<absl::Mutex>();
+  QuotaLimits limits;
+  limits.queue_bytes = 1000;
+  limits.waits = 1;
+  limits.waited_keys = 2;
+  limits.connections = 3;
+  Quotas quotas(limits);
+  auto server = StartWith(
+      &store,
+      {.max_queue_bytes_total = 1500,
+       .quotas = &quotas,
+       // The token names its owner: "a-..." or "b-...".
+       .authorize = [](absl::string_view token,
+                       absl::string_view) -> absl::StatusOr<TcpStoreGrant> {
+         return TcpStoreGrant{.owner = std::string(token.substr(0, 1))};
+       }},
+      log, mu);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto as = [&](absl::string_view token) {
+    auto w = std::make_unique<Wire>((*server)->port());
+    std::string hello;
+    tcpstore::EncodeNamespaceHello("/ns/", &hello, token);
+    w->Send(hello);
+    EXPECT_TRUE(Greets(*w));
+    return w;
+  };
+  auto a1 = as("a-token-0123456789"), b1 = as("b-token-0123456789");
+  // Queue bytes: a's 600 fit, 600 more do not; b's own share is untouched.
+  a1->Send(Dialect::kTorch21, Q(Op::kQueuePush, "q", std::string(600, 'x')));
+  ASSERT_TRUE(Greets(*a1));
+  EXPECT_EQ(quotas.Used("a", Quota::kQueueBytes), 600u);
+  auto a2 = as("a-token-0123456789");
+  a2->Send(Dialect::kTorch21, Q(Op::kQueuePush, "q", std::string(600, 'y')));
+  EXPECT_TRUE(a2->Closed());
+  EXPECT_TRUE(Mentions(*log, *mu, "QUEUE_PUSH refused", "--quota_queue_bytes"));
+  b1->Send(Dialect::kTorch21, Q(Op::kQueuePush, "q", std::string(600, 'z')));
+  ASSERT_TRUE(Greets(*b1));
+  // All queues together: 1,200 held, 400 more pass the total of 1,500
+  // (though within b's own 1,000).
+  auto b2 = as("b-token-0123456789");
+  b2->Send(Dialect::kTorch21, Q(Op::kQueuePush, "r", std::string(400, 'w')));
+  EXPECT_TRUE(b2->Closed());
+  EXPECT_TRUE(Mentions(*log, *mu, "--tcpstore_max_queue_bytes", "pop"));
+  // A pop, by anyone, gives the pusher's bytes back.
+  b1->Send(Dialect::kTorch21, Q(Op::kQueuePop, "q"));
+  EXPECT_EQ(b1->I64(), 2);
+  EXPECT_EQ(b1->Bytes(), std::string(600, 'x'));
+  EXPECT_EQ(quotas.Used("a", Quota::kQueueBytes), 0u);
+  EXPECT_EQ(quotas.Used("b", Quota::kQueueBytes), 600u);
+
+  // Waits: one parked wait for a; its second is refused, b's is not.
+  a1->Send(Dialect::kTorch21, Keys(Op::kWait, {"k1", "k2"}));
+  ASSERT_TRUE(Eventually([&] { return (*server)->stats().blocked == 1; }));
+  EXPECT_EQ(quotas.Used("a", Quota::kWaits), 1u);
+  EXPECT_EQ(quotas.Used("a", Quota::kWaitedKeys), 2u);
+  auto a3 = as("a-token-0123456789");
+  a3->Send(Dialect::kTorch21, Keys(Op::kWait, {"k3"}));
+  EXPECT_TRUE(a3->Closed());
+  EXPECT_TRUE(Mentions(*log, *mu, "WAIT refused", "--quota_waits"));
+  b1->Send(Dialect::kTorch21, Keys(Op::kWait, {"k1"}));
+  ASSERT_TRUE(Eventually([&] { return (*server)->stats().blocked == 2; }));
+  // The keys arrive: both waits end, and their charges are given back.
+  ASSERT_TRUE(store.Set("/ns/k1", "v").ok());
+  ASSERT_TRUE(store.Set("/ns/k2", "v").ok());
+  EXPECT_EQ(a1->U8(), kStopWaiting);
+  EXPECT_EQ(b1->U8(), kStopWaiting);
+  EXPECT_EQ(quotas.Used("a", Quota::kWaits), 0u);
+  EXPECT_EQ(quotas.Used("a", Quota::kWaitedKeys), 0u);
+  EXPECT_EQ(quotas.Used("b", Quota::kWaits), 0u);
+
+  // Connections: a holds a1 (a2, a3 were closed); two more fit, a third
+  // does not, and closing one gives it back.
+  auto a4 = as("a-token-0123456789");
+  auto a5 = as("a-token-0123456789");
+  EXPECT_EQ(quotas.Used("a", Quota::kConnections), 3u);
+  auto a6 = std::make_unique<Wire>((*server)->port());
+  std::string hello;
+  tcpstore::EncodeNamespaceHello("/ns/", &hello, "a-token-0123456789");
+  a6->Send(hello);
+  EXPECT_FALSE(Greets(*a6));
+  EXPECT_TRUE(Mentions(*log, *mu, "refused", "--quota_connections"));
+  a5.reset();
+  ASSERT_TRUE(
+      Eventually([&] { return quotas.Used("a", Quota::kConnections) == 2; }));
+  auto a7 = as("a-token-0123456789");
+  EXPECT_EQ(quotas.Used("a", Quota::kConnections), 3u);
 }
 
 TEST_F(TcpStoreServerTest, StopEndsBlockedConnections) {

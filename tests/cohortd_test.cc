@@ -1,6 +1,7 @@
 // cohortd as a real process: durability across kill -9, restarts, thread
 // usage under many blocked calls, health, reflection and SIGTERM draining.
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -463,6 +464,73 @@ TEST(CohortdTest, ConnectionsOverTheCapAreRefusedWithAReason) {
   EXPECT_THAT(server->Log(), HasSubstr("too many connections (8 open"));
   for (int fd : held) close(fd);
   // Closed connections are noticed: new clients get in again.
+  EXPECT_TRUE(Eventually([&] { return TrySet(server->address(), "k").ok(); }));
+}
+
+// A TCPStore connection that cohortd serves: it answers VALIDATE and a
+// PING (PyTorch 2.1+'s protocol). -1 if it is closed instead.
+int ServedTcpStoreConnection(int port) {
+  std::vector<int> fds = OpenConnections(port, 1);
+  if (fds.empty()) return -1;
+  const uint32_t magic = 0x3C85F7CE, word = 7;
+  std::string hello(1, '\0');
+  hello.append(reinterpret_cast<const char*>(&magic), 4);
+  hello.push_back('\x0d');  // PING
+  hello.append(reinterpret_cast<const char*>(&word), 4);
+  char echo[4];
+  struct pollfd p = {fds[0], POLLIN, 0};
+  if (send(fds[0], hello.data(), hello.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(hello.size()) ||
+      poll(&p, 1, 5000) != 1 || recv(fds[0], echo, 4, MSG_WAITALL) != 4) {
+    close(fds[0]);
+    return -1;
+  }
+  return fds[0];
+}
+
+// Issue 24: --max_connections was per listener, so the gRPC and TCPStore
+// listeners together could hold twice what the fd limit was fitted to.
+TEST(CohortdTest, OneConnectionBudgetSpansBothListeners) {
+  auto server = CohortdProcess::Start({"--engine=memory", "--max_connections=8",
+                                       "--tcpstore_listen=127.0.0.1:0"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_NE(server->tcpstore_port(), 0);
+  // Eight gRPC connections take the whole budget: a TCPStore connection is
+  // closed at once (once the listener has taken all eight; until then one
+  // may get in).
+  std::vector<int> grpc_held = OpenConnections(server->port(), 8);
+  ASSERT_EQ(grpc_held.size(), 8u);
+  EXPECT_TRUE(Eventually([&] {
+    const int fd = ServedTcpStoreConnection(server->tcpstore_port());
+    if (fd >= 0) close(fd);
+    return fd == -1;
+  }));
+  EXPECT_THAT(server->Log(), HasSubstr("connections are open across cohortd's "
+                                       "gRPC and TCPStore listeners"));
+  for (int fd : grpc_held) close(fd);
+
+  // Eight served TCPStore connections take it all: gRPC is refused. (The
+  // gRPC connections just closed are given back as gRPC lets them go.)
+  std::vector<int> torch;
+  EXPECT_TRUE(Eventually([&] {
+    const int fd = ServedTcpStoreConnection(server->tcpstore_port());
+    if (fd >= 0) torch.push_back(fd);
+    return torch.size() == 8;
+  })) << torch.size()
+      << " TCPStore connections served";
+  grpc::Status refused;
+  EXPECT_TRUE(Eventually([&] {
+    refused = TrySet(server->address(), "k");
+    return refused.error_code() == grpc::StatusCode::UNAVAILABLE;
+  })) << refused.error_code()
+      << ": " << refused.error_message();
+  Eventually([&] {
+    return absl::StrContains(server->Log(), "across its gRPC and TCPStore");
+  });
+  EXPECT_THAT(server->Log(),
+              HasSubstr("too many connections (8 open across its gRPC and "
+                        "TCPStore listeners, --max_connections)"));
+  for (int fd : torch) close(fd);
   EXPECT_TRUE(Eventually([&] { return TrySet(server->address(), "k").ok(); }));
 }
 
