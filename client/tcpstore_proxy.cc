@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -141,12 +142,29 @@ class TcpStoreProxy::Loop {
     thread_.join();
   }
 
+  // The switch is made on the loop thread, after it accepts what waits in
+  // the backlog: a connection its worker opened before the call (say, in
+  // the round that just ended) is bound to the namespace of then, even if
+  // the loop had not accepted it yet.
   absl::Status SetNamespace(absl::string_view name_space) {
     if (absl::Status s = tcpstore::CheckNamespace(name_space); !s.ok()) {
       return s;
     }
     absl::MutexLock lock(&mu_);
-    name_space_ = std::string(name_space);
+    if (!thread_.joinable() || stop_) {
+      name_space_ = std::string(name_space);
+      return absl::OkStatus();
+    }
+    next_namespace_ = std::string(name_space);
+    const uint64_t one = 1;
+    if (write(wake_fd_, &one, sizeof(one)) < 0) {
+      // The counter is already non-zero: the loop wakes anyway.
+    }
+    const uint64_t want = ++namespace_requests_;
+    auto applied = [this, want]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return namespace_applied_ >= want;
+    };
+    mu_.Await(absl::Condition(&applied));
     return absl::OkStatus();
   }
 
@@ -225,6 +243,7 @@ class TcpStoreProxy::Loop {
           if (read(wake_fd_, &count, sizeof(count)) < 0) {
             // Nothing to drain.
           }
+          ApplyNamespace();
         } else if (auto it = pairs_.find(tag >> 1); it != pairs_.end()) {
           OnEvent(*it->second, static_cast<Which>(tag & 1), events[i].events);
           last_activity_ns = absl::GetCurrentTimeNanos();
@@ -233,6 +252,34 @@ class TcpStoreProxy::Loop {
       RunTimers();
     }
     while (!pairs_.empty()) Close(*pairs_.begin()->second);
+    // Nobody waits on a switch the loop will never make.
+    absl::MutexLock lock(&mu_);
+    name_space_ = next_namespace_.value_or(name_space_);
+    namespace_applied_ = namespace_requests_;
+  }
+
+  // Makes the switch SetNamespace asked for, once the connections waiting
+  // in the backlog are accepted under the namespace of before.
+  void ApplyNamespace() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (namespace_applied_ == namespace_requests_) return;
+    }
+    if (accept_paused_until_ == absl::InfiniteFuture()) {
+      for (;;) {
+        const int fd =
+            accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+          Open(fd);
+        } else if (errno != EINTR && errno != ECONNABORTED) {
+          break;  // Drained (EAGAIN); or out of descriptors: AcceptSome's.
+        }
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    name_space_ = next_namespace_.value_or(name_space_);
+    next_namespace_.reset();
+    namespace_applied_ = namespace_requests_;
   }
 
   // ---- accepting ----
@@ -506,6 +553,10 @@ class TcpStoreProxy::Loop {
 
   absl::Mutex mu_;
   std::string name_space_ ABSL_GUARDED_BY(mu_);
+  // SetNamespace's switch, made by the loop thread (ApplyNamespace).
+  std::optional<std::string> next_namespace_ ABSL_GUARDED_BY(mu_);
+  uint64_t namespace_requests_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t namespace_applied_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Loop thread only.
   std::string read_buffer_;
