@@ -105,7 +105,12 @@ def main():
     # chunks they reuse; and the 1,000 connections cost about 2 KiB each.
     # Without the total, 1,000 x 4 MiB (--tcpstore_max_unsent_bytes).
     bound = 2 * (total + MIB) + readers * 2048 + 16 * MIB
-    assert grown <= bound, f"cohortd grew by {grown} bytes, over {bound}"
+    if os.environ.get("COHORT_SANITIZER"):
+        # ASan keeps freed buffers in its quarantine (256 MiB) and adds
+        # shadow memory and redzones: this bound is the normal build's.
+        print(f"memory bound not checked under {os.environ['COHORT_SANITIZER']}")
+    else:
+        assert grown <= bound, f"cohortd grew by {grown} bytes, over {bound}"
     # The README's bounds, scaled for slower builds. A reading client waits
     # at most for one request of each other connection that holds nothing;
     # before the total bound, the probe saw 5.8 s stalls and 15 s connects.
