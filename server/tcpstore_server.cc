@@ -849,6 +849,14 @@ class TcpStoreServer::Loop {
           break;
         }
       }
+      if (c.block == Block::kWait && *c.dialect == Dialect::kTorch113) {
+        // A 1.13 client has no CANCEL_WAIT, and it sends nothing while it
+        // waits (it is synchronous): a request now means its wait timed
+        // out on its side. Forget the wait without a word (a STOP_WAITING
+        // later would be read as the start of another reply) and serve
+        // the request.
+        CancelBlock(c);
+      }
       if (c.block != Block::kNone) {
         // Replies go out in order, so only CANCEL_WAIT may pass a request
         // that is still waiting.

@@ -501,6 +501,40 @@ TEST_F(TcpStoreServerTest, Torch113DialectAndWatchKeyRefusal) {
   EXPECT_TRUE(LogMentions("WATCH_KEY is not supported"));
 }
 
+// Issue 25: a 1.13 client has no CANCEL_WAIT. After its wait timed out it
+// sends its next request on the same connection; that request must be
+// served (it was held behind the WAIT until the key appeared), and the
+// WAIT must never be answered later, when the key appears, since the
+// client would read that byte as the start of another reply.
+TEST_F(TcpStoreServerTest, Torch113RequestsAfterATimedOutWaitAreServed) {
+  Wire w(server_->port());
+  const Dialect d = Dialect::kTorch113;
+  w.Send(d, Keys(Op::kWait, {"/late"}));
+  ASSERT_TRUE(Blocked(1));
+  // The client gave up waiting: set, add, get, delete, num_keys follow.
+  w.Send(d, Q(Op::kSet, "/a", "1"));
+  Request add = Q(Op::kAdd, "/n");
+  add.number = 5;
+  w.Send(d, add);
+  EXPECT_EQ(w.I64(), 5);
+  w.Send(d, Q(Op::kGet, "/a"));
+  EXPECT_EQ(w.Bytes(), "1");
+  EXPECT_EQ(server_->stats().blocked, 0u);
+  // Another client sees the SET at once.
+  Wire other(server_->port());
+  other.Send(d, Keys(Op::kWait, {"/a"}));
+  EXPECT_EQ(other.U8(), kStopWaiting);
+  // The waited key appears: nothing arrives for the forgotten WAIT, and the
+  // next reply is exactly the next request's.
+  ASSERT_TRUE(store_->Set("/late", "x").ok());
+  EXPECT_TRUE(w.Silent());
+  w.Send(d, Q(Op::kDeleteKey, "/a"));
+  EXPECT_EQ(w.I64(), 1);
+  w.Send(d, Q(Op::kNumKeys));
+  EXPECT_EQ(w.I64(), 2);  // /n and /late.
+  EXPECT_TRUE(w.Silent());
+}
+
 // cohortd's records live under "/cohort/": a torch client may read them but
 // not write them. The protocol has no error reply, so the connection closes
 // and the log says why.

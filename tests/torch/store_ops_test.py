@@ -208,6 +208,27 @@ def num_keys(c, b):
     c.eq("num_keys after a delete", s.num_keys(), n0 + 1)
 
 
+def after_timed_out_wait(c, b):
+    """1.13's client has no CANCEL_WAIT: after a wait times out, its next
+    requests go on the same connection and must be served."""
+    s = b.client(dist)
+    expect_timeout(c, "wait(keys, 0.5s) before the next requests",
+                   lambda: s.wait(["tw/late"], timedelta(seconds=0.5)), 0.5)
+    s.set("tw/flag", "1")
+    other = b.client(dist)
+    c.eq("a set after a timed-out wait reaches another client",
+         other.get("tw/flag"), b"1")
+    c.eq("add after a timed-out wait", s.add("tw/ctr", 3), 3)
+    c.eq("get after a timed-out wait", s.get("tw/flag"), b"1")
+    c.eq("delete_key after a timed-out wait", s.delete_key("tw/flag"), True)
+    if b.is_cohortd:
+        # torch's own 1.13 server answers the old WAIT once its key appears,
+        # and its client reads the next reply from that byte on.
+        other.set("tw/late", "x")
+        c.eq("add once the waited key appeared", s.add("tw/ctr", 1), 4)
+        c.eq("get once the waited key appeared", s.get("tw/late"), b"x")
+
+
 def cohortctl_sees_torch(c, b):
     s = b.client(dist)
     s.set("x/foo", "bar")
@@ -342,6 +363,7 @@ def main():
         c.section("delete_key", delete_key, c, b)
         c.section("num_keys", num_keys, c, b)
         c.section("blocked get released by another client", blocked_get_released, c, b)
+        c.section("requests after a timed-out wait", after_timed_out_wait, c, b)
         if b.is_cohortd:
             c.section("cohortctl sees torch's keys", cohortctl_sees_torch, c, b)
             c.section("torch sees cohortctl's keys", torch_sees_cohortctl, c, b)
