@@ -517,8 +517,13 @@ TEST(CohortdTest, OneConnectionBudgetSpansBothListeners) {
   for (int fd : grpc_held) close(fd);
   for (int fd : tcpstore_held) close(fd);
 
-  // Eight served TCPStore connections take it all: gRPC is refused. (The
-  // gRPC connections just closed are given back as gRPC lets them go.)
+  // And the other way, on a cohortd of its own (nothing of the above left
+  // to give back): eight TCPStore connections take it all, and gRPC is
+  // refused.
+  server = CohortdProcess::Start({"--engine=memory", "--max_connections=8",
+                                  "--tcpstore_listen=127.0.0.1:0"});
+  ASSERT_TRUE(server.ok()) << server.status();
+
   std::vector<int> torch;
   EXPECT_TRUE(Eventually([&] {
     const int fd = ServedTcpStoreConnection(server->tcpstore_port());

@@ -59,10 +59,12 @@ tsan_targets=(
   //worker/collective/nccl:nccl_process_group_test
   //worker/parallel:device_buffers_test
 )
-# gRPC's completion queue is not instrumented: under eight clients' load
-# TSan cannot always recover the stack of gRPC's own write to a callback
-# tag, and so cannot apply tools/sanitizers/tsan.supp to it.
-tsan_args=(--test_arg=--gtest_filter=-RemoteStoreTest.EightClientsAddExactly)
+# gRPC's completion queue is not instrumented: under eight clients' load,
+# or over eleven thousand calls in a row, TSan cannot always recover the
+# stack of gRPC's own write to a callback tag ("[failed to restore the
+# stack]", both threads gRPC's), and so cannot apply
+# tools/sanitizers/tsan.supp to it. The other tests of their files run.
+tsan_args=(--test_arg=--gtest_filter=-RemoteStoreTest.EightClientsAddExactly:AuthTest.TenThousandFailedAuthenticationsLeaveItServing)
 
 failed=()
 summary=()
