@@ -311,7 +311,6 @@ class TcpStoreServer::Loop {
     std::function<absl::Status()> still_valid;
     bool charged_connection = false;
     size_t charged_wait_keys = 0;  // With one wait, while blocked.
-    bool took_budget = false;
     size_t counted = 0;    // Its unsent bytes as counted in unsent_total_.
     bool stalled = false;  // In stalled_ (as {counted, id}).
     std::string in;      // Unparsed bytes, when a request spans reads.
@@ -471,7 +470,6 @@ class TcpStoreServer::Loop {
     }
     uv_tcp_nodelay(&c->tcp, 1);
     c->peer = PeerName(&c->tcp);
-    c->took_budget = true;
     c->name_space = options_.prefix;
     c->id = next_conn_id_++;
     conns_.emplace(c->id, c);
@@ -512,8 +510,7 @@ class TcpStoreServer::Loop {
     std::string().swap(c.out);
     std::string().swap(c.in);
     Recount(c);
-    if (c.took_budget) budget_->Give();
-    c.took_budget = false;
+    budget_->Give();  // Taken when it was accepted.
     if (c.charged_connection) Uncharge(c.owner, Quota::kConnections, 1);
     c.charged_connection = false;
     conns_.erase(c.id);

@@ -154,6 +154,18 @@ Request Keys(Op op, std::vector<absl::string_view> keys) {
   return r;
 }
 
+// Sends VALIDATE and a PING on `w`; whether the PING was echoed (a
+// connection the server closed answers nothing).
+bool Pings(Wire& w) {
+  Request v = Q(Op::kValidate);
+  v.word = tcpstore::kValidateMagic;
+  w.Send(Dialect::kTorch21, v);
+  Request ping = Q(Op::kPing);
+  ping.word = 77;
+  w.Send(Dialect::kTorch21, ping);
+  return w.Read(4).has_value();
+}
+
 constexpr uint8_t kStopWaiting = 0;
 constexpr uint8_t kWaitCanceled = 1;
 
@@ -600,16 +612,6 @@ class TcpStoreServerPolicyTest : public ::testing::Test {
                                       },
                                   .log_every = absl::ZeroDuration()});
   }
-  // Sends VALIDATE and a PING on `w`; whether the PING was echoed.
-  static bool Pings(Wire& w) {
-    Request v = Q(Op::kValidate);
-    v.word = tcpstore::kValidateMagic;
-    w.Send(Dialect::kTorch21, v);
-    Request ping = Q(Op::kPing);
-    ping.word = 77;
-    w.Send(Dialect::kTorch21, ping);
-    return w.Read(4, absl::Seconds(2)).has_value();
-  }
   bool Logged(absl::string_view what) {
     absl::MutexLock lock(&mu_);
     for (const std::string& line : log_) {
@@ -1033,17 +1035,6 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> StartWith(
   return TcpStoreServer::Start(store, std::move(options));
 }
 
-// Sends VALIDATE and a PING; whether the PING was echoed.
-bool Greets(Wire& w) {
-  Request v = Q(Op::kValidate);
-  v.word = tcpstore::kValidateMagic;
-  w.Send(Dialect::kTorch21, v);
-  Request ping = Q(Op::kPing);
-  ping.word = 5;
-  w.Send(Dialect::kTorch21, ping);
-  return w.Read(4).has_value();
-}
-
 bool Mentions(const std::vector<std::string>& log, absl::Mutex& mu,
               absl::string_view a, absl::string_view b) {
   absl::MutexLock lock(&mu);
@@ -1088,7 +1079,7 @@ TEST(TcpStoreSlowReadersTest, TogetherTheyHoldNoMoreThanTheTotalBound) {
     auto w = std::make_unique<Wire>((*server)->port());
     int small = 4096;
     setsockopt(w->fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-    ASSERT_TRUE(Greets(*w));
+    ASSERT_TRUE(Pings(*w));
     // The kernel takes only part: the rest waits in the socket.
     int flags = MSG_NOSIGNAL | MSG_DONTWAIT;
     (void)!send(w->fd(), gets.data(), gets.size(), flags);
@@ -1096,7 +1087,7 @@ TEST(TcpStoreSlowReadersTest, TogetherTheyHoldNoMoreThanTheTotalBound) {
   }
   // A client that reads its replies is served all along.
   Wire reader((*server)->port());
-  ASSERT_TRUE(Greets(reader));
+  ASSERT_TRUE(Pings(reader));
   for (int i = 0; i < 20; ++i) {
     reader.Send(Dialect::kTorch21, Q(Op::kGet, "/big"));
     auto value = reader.Bytes();
@@ -1135,10 +1126,10 @@ TEST(TcpStoreBudgetTest, ListenersSharingABudgetRefuseTogether) {
   ASSERT_TRUE(a.ok() && b.ok());
   auto a1 = std::make_unique<Wire>((*a)->port());
   Wire a2((*a)->port()), b1((*b)->port());
-  ASSERT_TRUE(Greets(*a1) && Greets(a2) && Greets(b1));
+  ASSERT_TRUE(Pings(*a1) && Pings(a2) && Pings(b1));
   EXPECT_EQ(budget.in_use(), 3u);
   Wire b2((*b)->port());
-  EXPECT_FALSE(Greets(b2));
+  EXPECT_FALSE(Pings(b2));
   EXPECT_TRUE(b2.Closed());
   EXPECT_EQ((*b)->stats().refused_no_budget, 1u);
   EXPECT_TRUE(Mentions(*log, *mu, "across cohortd's gRPC and TCPStore",
@@ -1147,7 +1138,7 @@ TEST(TcpStoreBudgetTest, ListenersSharingABudgetRefuseTogether) {
   a1.reset();
   ASSERT_TRUE(Eventually([&] { return budget.in_use() == 2; }));
   Wire b3((*b)->port());
-  EXPECT_TRUE(Greets(b3));
+  EXPECT_TRUE(Pings(b3));
 }
 
 TEST(TcpStoreQuotaTest, QueuesAndWaitsAreChargedToTheirOwner) {
@@ -1176,20 +1167,20 @@ TEST(TcpStoreQuotaTest, QueuesAndWaitsAreChargedToTheirOwner) {
     std::string hello;
     tcpstore::EncodeNamespaceHello("/ns/", &hello, token);
     w->Send(hello);
-    EXPECT_TRUE(Greets(*w));
+    EXPECT_TRUE(Pings(*w));
     return w;
   };
   auto a1 = as("a-token-0123456789"), b1 = as("b-token-0123456789");
   // Queue bytes: a's 600 fit, 600 more do not; b's own share is untouched.
   a1->Send(Dialect::kTorch21, Q(Op::kQueuePush, "q", std::string(600, 'x')));
-  ASSERT_TRUE(Greets(*a1));
+  ASSERT_TRUE(Pings(*a1));
   EXPECT_EQ(quotas.Used("a", Quota::kQueueBytes), 600u);
   auto a2 = as("a-token-0123456789");
   a2->Send(Dialect::kTorch21, Q(Op::kQueuePush, "q", std::string(600, 'y')));
   EXPECT_TRUE(a2->Closed());
   EXPECT_TRUE(Mentions(*log, *mu, "QUEUE_PUSH refused", "--quota_queue_bytes"));
   b1->Send(Dialect::kTorch21, Q(Op::kQueuePush, "q", std::string(600, 'z')));
-  ASSERT_TRUE(Greets(*b1));
+  ASSERT_TRUE(Pings(*b1));
   // All queues together: 1,200 held, 400 more pass the total of 1,500
   // (though within b's own 1,000).
   auto b2 = as("b-token-0123456789");
@@ -1232,7 +1223,7 @@ TEST(TcpStoreQuotaTest, QueuesAndWaitsAreChargedToTheirOwner) {
   std::string hello;
   tcpstore::EncodeNamespaceHello("/ns/", &hello, "a-token-0123456789");
   a6->Send(hello);
-  EXPECT_FALSE(Greets(*a6));
+  EXPECT_FALSE(Pings(*a6));
   EXPECT_TRUE(Mentions(*log, *mu, "refused", "--quota_connections"));
   a5.reset();
   ASSERT_TRUE(
