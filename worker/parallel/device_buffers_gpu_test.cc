@@ -4,14 +4,24 @@
 // kernels, and reads the results back the same way. Without a GPU every
 // case is SKIPPED with the reason (device_buffers_test covers the same
 // paths over the fake NCCL everywhere).
+//
+// At world 1 the same training steps also run over the fake NCCL, whose
+// "device" is host memory and whose kernels are elementwise.h's host
+// arithmetic: the GPU's results must equal the host's bit for bit, and a
+// steady-state step must allocate no device memory (no cudaMalloc).
+#include <atomic>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/in_process_store.h"
 #include "worker/collective/nccl/cuda_nccl_api.h"
+#include "worker/collective/nccl/fake_nccl_api.h"
 #include "worker/collective/nccl/nccl_backend.h"
 #include "worker/parallel/ddp.h"
 #include "worker/parallel/fsdp.h"
@@ -104,6 +114,187 @@ TEST(DeviceBuffersGpu, FsdpStepsShardsInDeviceMemory) {
     EXPECT_FLOAT_EQ((*full)[0], 1.0f - 0.5f * avg);
     EXPECT_FLOAT_EQ((*full)[1004], 2.0f - 0.5f * avg);
   });
+}
+
+
+// An NcclApi that counts the device allocations made through it.
+class CountingApi final : public NcclApi {
+ public:
+  explicit CountingApi(std::shared_ptr<NcclApi> api) : api_(std::move(api)) {}
+  absl::StatusOr<int> DeviceCount() override { return api_->DeviceCount(); }
+  absl::StatusOr<NcclUniqueId> GetUniqueId() override {
+    return api_->GetUniqueId();
+  }
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> InitRank(
+      int device, int nranks, int rank,
+      absl::Span<const NcclUniqueId> ids) override {
+    return api_->InitRank(device, nranks, rank, ids);
+  }
+  absl::StatusOr<std::unique_ptr<DeviceStream>> NewStream(int device) override {
+    return api_->NewStream(device);
+  }
+  absl::StatusOr<void*> Alloc(int device, size_t bytes) override {
+    ++allocations_;
+    return api_->Alloc(device, bytes);
+  }
+  void Free(void* device_memory) override { api_->Free(device_memory); }
+  int allocations() const { return allocations_; }
+
+ private:
+  const std::shared_ptr<NcclApi> api_;
+  std::atomic<int> allocations_{0};
+};
+
+// What a run of the steps below produced: every gradient and parameter
+// value read back, in order, and whether some steady-state step allocated.
+struct Steps {
+  std::vector<float> values;
+  std::vector<std::string> steady_state_allocations;
+};
+
+float GradValue(int p, size_t i, int t) {
+  return 0.37f * static_cast<float>(p + 1) - 0.0071f * static_cast<float>(i) +
+         0.5f * static_cast<float>(t);
+}
+
+// DDP (plain and with the fp16 compression hook) and FSDP (Adam, every
+// strategy) at world 1 over `api`.
+Steps RunSteps(std::shared_ptr<NcclApi> base) {
+  Steps out;
+  auto api = std::make_shared<CountingApi>(base);
+  NcclOptions options;
+  options.device = 0;
+  options.group.timeout = absl::Seconds(60);
+  options.api = api;
+  auto created = NcclProcessGroup::Create(std::make_shared<InProcessStore>(),
+                                          0, 1, options);
+  EXPECT_TRUE(created.ok()) << created.status();
+  if (!created.ok()) return out;
+  std::shared_ptr<NcclProcessGroup> g(std::move(*created));
+  auto to_device = [&](float* device, const std::vector<float>& host) {
+    EXPECT_TRUE(g->Copy(device, host.data(), host.size() * 4,
+                        CopyKind::kHostToDevice)
+                    .ok());
+  };
+  auto read = [&](const float* device, size_t n) {
+    std::vector<float> host(n);
+    EXPECT_TRUE(
+        g->Copy(host.data(), device, n * 4, CopyKind::kDeviceToHost).ok());
+    out.values.insert(out.values.end(), host.begin(), host.end());
+  };
+
+  const std::vector<size_t> sizes = {1000, 3, 300000, 17};
+  for (bool compress : {false, true}) {
+    ReducerOptions ddp;
+    ddp.first_bucket_bytes = 4096;
+    ddp.bucket_cap_bytes = 65536;
+    if (compress) ddp.hook = Fp16CompressHook();
+    auto reducer = Reducer::Create(g, sizes, ddp);
+    EXPECT_TRUE(reducer.ok()) << reducer.status();
+    if (!reducer.ok()) return out;
+    for (int t = 0; t < 4; ++t) {
+      const int before = api->allocations();
+      (*reducer)->ZeroGrad();
+      for (int p : {2, 0, 3, 1}) {
+        std::vector<float> grad(sizes[p]);
+        for (size_t i = 0; i < grad.size(); ++i) grad[i] = GradValue(p, i, t);
+        to_device((*reducer)->grad(p).data(), grad);
+        EXPECT_TRUE((*reducer)->MarkReady(p).ok());
+      }
+      EXPECT_TRUE((*reducer)->Finish().ok());
+      for (int p = 0; p < 4; ++p) read((*reducer)->grad(p).data(), sizes[p]);
+      // The first iteration takes the buckets, the second rebuilds them
+      // in ready order; from the third on nothing is allocated.
+      if (t >= 2 && api->allocations() != before) {
+        out.steady_state_allocations.push_back(absl::StrCat(
+            "DDP", compress ? " fp16" : "", " iteration ", t, ": ",
+            api->allocations() - before, " allocations"));
+      }
+    }
+  }
+
+  const std::vector<std::vector<size_t>> units = {{7, 3}, {50}, {1000, 2, 4}};
+  for (ShardingStrategy strategy :
+       {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+        ShardingStrategy::kNoShard}) {
+    FsdpOptions fsdp_options;
+    fsdp_options.strategy = strategy;
+    auto fsdp = Fsdp::Create(g, units, fsdp_options);
+    EXPECT_TRUE(fsdp.ok()) << fsdp.status();
+    if (!fsdp.ok()) return out;
+    std::vector<std::vector<std::vector<float>>> initial(units.size());
+    std::vector<std::vector<absl::Span<const float>>> spans(units.size());
+    for (size_t u = 0; u < units.size(); ++u) {
+      for (size_t i = 0; i < units[u].size(); ++i) {
+        std::vector<float> v(units[u][i]);
+        for (size_t k = 0; k < v.size(); ++k) {
+          v[k] = 0.5f - 0.013f * static_cast<float>(k + 7 * i + 13 * u);
+        }
+        initial[u].push_back(std::move(v));
+      }
+      for (const auto& v : initial[u]) spans[u].push_back(v);
+    }
+    EXPECT_TRUE((*fsdp)->LoadFromRank0(spans).ok());
+    std::unique_ptr<Optimizer> adam =
+        *NewAdam({.lr = 0.01f, .weight_decay = 0.01f});
+    for (int t = 0; t < 4; ++t) {
+      const int before = api->allocations();
+      for (int u = 0; u < (*fsdp)->num_units(); ++u) {
+        EXPECT_TRUE((*fsdp)->BeginForward(u).ok());
+        EXPECT_TRUE((*fsdp)->EndForward(u).ok());
+      }
+      for (int u = (*fsdp)->num_units() - 1; u >= 0; --u) {
+        EXPECT_TRUE((*fsdp)->BeginBackward(u).ok());
+        for (int i = 0; i < (*fsdp)->num_params(u); ++i) {
+          absl::Span<float> grad = (*fsdp)->grad(u, i);
+          std::vector<float> mine(grad.size());
+          for (size_t k = 0; k < mine.size(); ++k) {
+            mine[k] = GradValue(i + 10 * u, k, t);
+          }
+          to_device(grad.data(), mine);
+        }
+        EXPECT_TRUE((*fsdp)->EndBackward(u).ok());
+      }
+      EXPECT_TRUE((*fsdp)->FinishBackward().ok());
+      absl::Status stepped = (*fsdp)->Step(*adam);
+      EXPECT_TRUE(stepped.ok()) << stepped;
+      (*fsdp)->ZeroGrad();
+      // The first step takes the optimizer's state; after it, none.
+      if (t >= 2 && api->allocations() != before) {
+        out.steady_state_allocations.push_back(absl::StrCat(
+            "FSDP ", ShardingStrategyName(strategy), " step ", t, ": ",
+            api->allocations() - before, " allocations"));
+      }
+    }
+    for (int u = 0; u < (*fsdp)->num_units(); ++u) {
+      auto full = (*fsdp)->GatherFullParams(u);
+      EXPECT_TRUE(full.ok()) << full.status();
+      if (full.ok()) {
+        out.values.insert(out.values.end(), full->begin(), full->end());
+      }
+    }
+  }
+  return out;
+}
+
+TEST(DeviceBuffersGpu, StepsAtWorldOneEqualTheHostsBitForBit) {
+  DEVICES_OR_SKIP(n);
+  (void)n;
+  Steps gpu = RunSteps(CudaNcclApi());
+  Steps host = RunSteps(std::make_shared<FakeNcclApi>(NewFakeNcclWorld()));
+  EXPECT_THAT(gpu.steady_state_allocations, ::testing::IsEmpty());
+  EXPECT_THAT(host.steady_state_allocations, ::testing::IsEmpty());
+  ASSERT_EQ(gpu.values.size(), host.values.size());
+  ASSERT_GT(gpu.values.size(), 600000u);
+  size_t differing = 0, first = 0;
+  for (size_t i = 0; i < gpu.values.size(); ++i) {
+    if (std::memcmp(&gpu.values[i], &host.values[i], sizeof(float)) != 0) {
+      if (differing++ == 0) first = i;
+    }
+  }
+  EXPECT_EQ(differing, 0u) << "first at value " << first << ": GPU "
+                           << gpu.values[first] << ", host "
+                           << host.values[first];
 }
 
 }  // namespace

@@ -108,8 +108,22 @@ class CudaCommunicator final : public NcclCommunicator {
   CudaCommunicator(int device, ncclComm_t comm, cudaStream_t stream)
       : device_(device), comm_(comm), stream_(stream) {}
 
+  // The child of a nonblocking ncclCommSplit of `parent`. NCCL finishes
+  // the split in the background and only then writes the new handle (seen
+  // with NCCL 2.28 on an H200: until then it is NULL), so Split hands it
+  // &comm_ to write, and Ready() polls the parent until the split is done.
+  CudaCommunicator(int device, ncclComm_t parent, cudaStream_t stream,
+                   bool /*split*/)
+      : device_(device), comm_(nullptr), stream_(stream), parent_(parent) {}
+
   ~CudaCommunicator() override {
     cudaSetDevice(device_);
+    if (comm_ == nullptr) {
+      // A split that never completed: nothing of the child's to destroy
+      // (its parent's abort or destruction ends the split).
+      cudaStreamDestroy(stream_);
+      return;
+    }
     if (!aborted_) {
       bool finalized =
           FromNcclResult(ncclCommFinalize(comm_), "ncclCommFinalize").ok();
@@ -130,6 +144,10 @@ class CudaCommunicator final : public NcclCommunicator {
   }
 
   absl::StatusOr<bool> Ready() override {
+    absl::StatusOr<bool> splitting = SplitInProgress();
+    if (!splitting.ok() || *splitting) {
+      return splitting.ok() ? absl::StatusOr<bool>(false) : splitting.status();
+    }
     ncclResult_t state = ncclSuccess;
     absl::Status polled = FromNcclResult(ncclCommGetAsyncError(comm_, &state),
                                          "ncclCommGetAsyncError", comm_);
@@ -145,7 +163,16 @@ class CudaCommunicator final : public NcclCommunicator {
     if (aborted_) return;
     aborted_ = true;
     cudaSetDevice(device_);
-    ncclCommAbort(comm_);
+    // A split still in progress has no handle of its own yet: abort the
+    // parent, whose operation it is (NCCL takes no other call on it until
+    // the split ends, so nothing else can end it).
+    absl::StatusOr<bool> splitting = SplitInProgress();
+    if (splitting.ok() && *splitting) {
+      ncclCommAbort(parent_);
+      parent_ = nullptr;
+      return;
+    }
+    if (comm_ != nullptr) ncclCommAbort(comm_);
   }
 
   absl::Status GroupStart() override {
@@ -209,23 +236,33 @@ class CudaCommunicator final : public NcclCommunicator {
                                                           int key) override {
     cudaSetDevice(device_);
     ncclConfig_t config = NonblockingConfig();
-    ncclComm_t child = nullptr;
-    absl::Status split = FromNcclResult(
-        ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
-                      &child, &config),
-        "ncclCommSplit", comm_);
-    if (!split.ok()) return split;
-    if (color < 0) return std::unique_ptr<NcclCommunicator>();
+    if (color < 0) {
+      // NCCL writes no handle (NULL) for a rank outside every color, into
+      // storage that must outlive the call; the parent's Ready() tells
+      // when the split is done.
+      absl::Status split = FromNcclResult(
+          ncclCommSplit(comm_, NCCL_SPLIT_NOCOLOR, key, &no_color_, &config),
+          "ncclCommSplit", comm_);
+      if (!split.ok()) return split;
+      return std::unique_ptr<NcclCommunicator>();
+    }
     cudaStream_t stream;
     absl::Status created =
         FromCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                  "cudaStreamCreateWithFlags");
-    if (!created.ok()) {
-      ncclCommAbort(child);
-      return created;
+    if (!created.ok()) return created;
+    // The child owns the handle's storage, which NCCL writes when the
+    // split completes, after this call has returned.
+    auto child = std::make_unique<CudaCommunicator>(device_, comm_, stream,
+                                                    /*split=*/true);
+    absl::Status split = FromNcclResult(
+        ncclCommSplit(comm_, color, key, &child->comm_, &config),
+        "ncclCommSplit", comm_);
+    if (!split.ok()) {
+      child->parent_ = nullptr;  // Nothing in progress to wait for.
+      return split;
     }
-    return std::unique_ptr<NcclCommunicator>(
-        new CudaCommunicator(device_, child, stream));
+    return std::unique_ptr<NcclCommunicator>(std::move(child));
   }
 
   absl::StatusOr<std::unique_ptr<NcclEvent>> RecordEvent() override {
@@ -277,9 +314,35 @@ class CudaCommunicator final : public NcclCommunicator {
     return FromNcclResult(call(*type, *redop), what, comm_);
   }
 
+  // For a child still being split (parent_ set): true while the parent
+  // reports the split in progress; once it completed, forgets the parent
+  // and returns false (an error if it failed, or made no handle).
+  absl::StatusOr<bool> SplitInProgress() {
+    if (parent_ == nullptr) return false;
+    ncclResult_t state = ncclSuccess;
+    absl::Status polled =
+        FromNcclResult(ncclCommGetAsyncError(parent_, &state),
+                       "ncclCommGetAsyncError of the split's parent", parent_);
+    if (!polled.ok()) return polled;
+    if (state == ncclInProgress) return true;
+    absl::Status error = FromNcclResult(state, "ncclCommSplit", parent_);
+    if (!error.ok()) return error;
+    parent_ = nullptr;
+    if (comm_ == nullptr) {
+      return absl::InternalError(
+          "ncclCommSplit completed without a communicator for this rank");
+    }
+    return false;
+  }
+
   const int device_;
-  const ncclComm_t comm_;
+  // Written by NCCL when a split completes (see the split constructor).
+  ncclComm_t comm_;
+  // Where a split without a color writes its (NULL) handle.
+  ncclComm_t no_color_ = nullptr;
   const cudaStream_t stream_;
+  // While a split that makes this communicator is in progress: its parent.
+  ncclComm_t parent_ = nullptr;
   bool aborted_ = false;
 };
 

@@ -190,6 +190,10 @@ class FakeCommunicator final : public NcclCommunicator {
     {
       absl::MutexLock lock(&api_->mu_);
       ++api_->aborts_;
+      auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(api_->mu_) {
+        return !api_->hold_aborts_;
+      };
+      api_->mu_.Await(absl::Condition(&released));
     }
     absl::MutexLock lock(&world_->mu);
     state_->aborted = true;
@@ -610,6 +614,25 @@ bool FakeNcclApi::hanging() const {
 std::vector<std::string> FakeNcclApi::calls() const {
   absl::MutexLock lock(&mu_);
   return calls_;
+}
+
+void FakeNcclApi::HoldAborts() {
+  absl::MutexLock lock(&mu_);
+  hold_aborts_ = true;
+}
+
+void FakeNcclApi::ReleaseAborts() {
+  absl::MutexLock lock(&mu_);
+  hold_aborts_ = false;
+}
+
+int FakeNcclApi::AwaitAborts(int n, absl::Duration limit) {
+  absl::MutexLock lock(&mu_);
+  auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return aborts_ >= n;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&enough), limit);
+  return aborts_;
 }
 
 int FakeNcclApi::aborts() const {

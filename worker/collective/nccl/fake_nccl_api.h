@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "worker/collective/nccl/nccl_api.h"
 
 namespace cohort {
@@ -68,8 +69,17 @@ class FakeNcclApi final : public NcclApi {
   // 4, rank=1, ids=1, device=0)", "AllReduce(count=4, f32, SUM)",
   // "GroupStart", "Send(count=2, f32, peer=1)", "Abort", ...
   std::vector<std::string> calls() const;
-  // How many of its communicators were aborted, and unique ids it made.
+  // From now on Abort() blocks until ReleaseAborts(), as ncclCommAbort
+  // does while the communicator's stream waits for work outside NCCL.
+  void HoldAborts();
+  void ReleaseAborts();
+  // How many of its communicators were aborted (Abort called, held or
+  // not), and unique ids it made.
   int aborts() const;
+  // Waits until aborts() >= n, at most `limit` (an abort decided by the
+  // watchdog is carried out on its thread, just after the status that
+  // ends the waits is set); returns aborts().
+  int AwaitAborts(int n, absl::Duration limit = absl::Seconds(30));
   int unique_ids() const;
   // Bytes allocated and not freed; Alloc calls made.
   size_t allocated_bytes() const;
@@ -94,6 +104,7 @@ class FakeNcclApi final : public NcclApi {
   std::vector<std::string> calls_ ABSL_GUARDED_BY(mu_);
   absl::Status async_error_ ABSL_GUARDED_BY(mu_);
   bool hang_ ABSL_GUARDED_BY(mu_) = false;
+  bool hold_aborts_ ABSL_GUARDED_BY(mu_) = false;
   int aborts_ ABSL_GUARDED_BY(mu_) = 0;
   int unique_ids_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<void*, size_t> allocations_ ABSL_GUARDED_BY(mu_);

@@ -2,7 +2,9 @@
 // threads of this process (NCCL takes one rank per device in a
 // communicator). On a machine without a GPU it checks the error a worker
 // then gets and skips the rest, printing why (gtest's SKIPPED).
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -130,7 +132,9 @@ TEST(NcclGpu, EveryCollectiveOnEveryDevice) {
 }
 
 // The element-wise kernels (cuda_kernels.cu) against the host arithmetic
-// they must reproduce: reduce.h's rounding and elementwise.h's formulas.
+// they must reproduce, bit for bit: reduce.h's rounding and elementwise.h's
+// formulas (the kernels are built without FMA contraction, and nvcc's
+// division and square root round correctly, as the host's do).
 TEST(NcclGpu, KernelsComputeWhatTheHostComputes) {
   absl::StatusOr<int> devices = Devices();
   SKIP_WITHOUT_GPU(devices);
@@ -150,24 +154,47 @@ TEST(NcclGpu, KernelsComputeWhatTheHostComputes) {
                             static_cast<const float*>(db.view().data), kN)
                     .ok());
     std::vector<float> sum = da.Read();
-    for (size_t i = 0; i < kN; ++i) ASSERT_EQ(sum[i], a[i] + b[i]) << i;
+    for (size_t i = 0; i < kN; ++i) {
+      const float want = a[i] + b[i];
+      ASSERT_EQ(std::memcmp(&sum[i], &want, sizeof(float)), 0) << i;
+    }
 
+    // The conversions' edges, after the ordinary values: signed zeros,
+    // f16 subnormals and overflow, round-to-even ties of f16 (2^-11) and
+    // bf16 (2^-8), f32 subnormals, infinities and NaN.
+    const float kEdges[] = {0.0f,     -0.0f,           1e-8f,     6e-8f,
+                            65504.0f, 65519.0f,        65520.0f,  -65536.0f,
+                            1.0f + 0x1p-11f,           1.0f + 0x1p-8f,
+                            1.0f + 3 * 0x1p-9f,        3e38f,     1e-40f,
+                            INFINITY, -INFINITY,       NAN};
+    std::vector<float> c = b;
+    for (size_t i = 0; i < sizeof(kEdges) / sizeof(float); ++i) c[i] = kEdges[i];
+    DeviceFloats dc(g, c);
+    // Bit for bit; any NaN equals any NaN.
+    auto same = [](float x, float y) {
+      return (std::isnan(x) && std::isnan(y)) ||
+             std::memcmp(&x, &y, sizeof(float)) == 0;
+    };
     for (Dtype narrow : {Dtype::kF16, Dtype::kBF16}) {
       SCOPED_TRACE(DtypeName(narrow));
       void* half = *g.api().Alloc(g.device(), kN * 2);
       ASSERT_TRUE(
-          memory.Convert(BufferView{half, kN, narrow}, db.view(), 0.5f).ok());
+          memory.Convert(BufferView{half, kN, narrow}, dc.view(), 0.5f).ok());
       DeviceFloats back(g, std::vector<float>(kN));
       ASSERT_TRUE(
           memory.Convert(back.view(), BufferView{half, kN, narrow}, 2.0f).ok());
       std::vector<float> scaled(kN), want(kN);
       std::vector<uint16_t> host_half(kN);
-      for (size_t i = 0; i < kN; ++i) scaled[i] = b[i] * 0.5f;
+      for (size_t i = 0; i < kN; ++i) scaled[i] = c[i] * 0.5f;
       NarrowFromF32(narrow, scaled.data(), host_half.data(), kN);
       WidenToF32(narrow, host_half.data(), want.data(), kN);
       for (float& x : want) x *= 2.0f;
       std::vector<float> got = back.Read();
-      for (size_t i = 0; i < kN; ++i) ASSERT_EQ(got[i], want[i]) << i;
+      for (size_t i = 0; i < kN; ++i) {
+        ASSERT_TRUE(same(got[i], want[i]))
+            << i << ": " << c[i] << " became " << got[i] << ", host "
+            << want[i];
+      }
       g.api().Free(half);
     }
 
@@ -200,7 +227,10 @@ TEST(NcclGpu, KernelsComputeWhatTheHostComputes) {
       u.state1 = s1.data();
       ApplyUpdateOnHost(u);
       std::vector<float> got = dp.Read();
-      for (size_t i = 0; i < kN; ++i) ASSERT_FLOAT_EQ(got[i], p[i]) << i;
+      for (size_t i = 0; i < kN; ++i) {
+        ASSERT_TRUE(same(got[i], p[i])) << i << ": GPU " << got[i]
+                                        << ", host " << p[i];
+      }
     }
   });
 }

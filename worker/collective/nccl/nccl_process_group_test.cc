@@ -353,7 +353,7 @@ TEST(NcclProcessGroup, AnInitThatNeverCompletesIsAbortedAtTheSameDeadline) {
                         "complete within 300ms"));
   EXPECT_THAT(status.message(),
               HasSubstr("ranks that never reached the init: 1, 2"));
-  EXPECT_EQ(api->aborts(), 1);
+  EXPECT_EQ(api->AwaitAborts(1), 1);
   EXPECT_EQ(reported.size(), 1u);
 }
 
@@ -374,7 +374,7 @@ TEST(NcclProcessGroup, AnAsyncErrorFailsThePendingOpAndBreaksTheGroup) {
   EXPECT_THAT(status.message(),
               HasSubstr("AllReduce SUM of 4 f32 on rank 0 of 2"));
   EXPECT_THAT(status.message(), HasSubstr("remote process exited"));
-  EXPECT_EQ(ranks.api(0).aborts(), 1);
+  EXPECT_EQ(ranks.api(0).AwaitAborts(1), 1);
   // The group is broken, as a Gloo group would be.
   absl::Status later = ranks.group(0).Barrier()->Wait(absl::Seconds(5));
   EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition);
@@ -412,7 +412,7 @@ TEST(NcclProcessGroup, AHungOpIsAbortedAtItsDeadline) {
                                        " of 2: verify_ops exchange did not "
                                        "complete within 300ms")));
     EXPECT_THAT(statuses[r].message(), HasSubstr("watchdog aborted"));
-    EXPECT_EQ(ranks.api(r).aborts(), 1);
+    EXPECT_EQ(ranks.api(r).AwaitAborts(1), 1);
   }
   EXPECT_EQ(ranks.AwaitReports(2).size(), 2u);
 }

@@ -70,6 +70,7 @@ absl::Status WatchedComm::Call(
   }
   if (!failed.ok()) {
     Report(failed);
+    AbortNccl();
     return failed;
   }
   // NCCL left the call in progress: poll it to the end, letting the
@@ -90,6 +91,7 @@ absl::Status WatchedComm::Call(
     }
   }
   Report(failed);
+  AbortNccl();
   return failed;
 }
 
@@ -129,7 +131,10 @@ void WatchedComm::Abort(absl::Status why) {
     absl::MutexLock lock(&mu_);
     aborted = AbortLocked(why);
   }
-  if (aborted) Report(why);
+  if (aborted) {
+    Report(why);
+    AbortNccl();
+  }
 }
 
 absl::Status WatchedComm::aborted() const {
@@ -140,8 +145,18 @@ absl::Status WatchedComm::aborted() const {
 bool WatchedComm::AbortLocked(const absl::Status& why) {
   if (!aborted_.ok()) return false;
   aborted_ = why;
-  comm_->Abort();
   return true;
+}
+
+// Without mu_: ncclCommAbort may wait for the communicator's stream, which
+// may itself wait for work outside NCCL (a caller's stream it was made to
+// wait for, a kernel that never ends), and nothing that only reads the
+// status (Await, Call, aborted()) may wait behind it. Only the one thread
+// whose AbortLocked returned true comes here, and once aborted_ is set no
+// other thread calls into the communicator, so nothing races with it; the
+// destructor joins the watchdog, which may be the thread in here.
+void WatchedComm::AbortNccl() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  comm_->Abort();
 }
 
 void WatchedComm::Report(const absl::Status& why) {
@@ -181,6 +196,7 @@ void WatchedComm::RunWatchdog() {
       if (why.ok() || !AbortLocked(why)) continue;
     }
     Report(why);
+    AbortNccl();
   }
 }
 

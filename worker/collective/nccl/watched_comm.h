@@ -6,7 +6,10 @@
 // communicator (ncclCommAbort: the communicator is nonblocking, so nothing
 // waits on a peer) once, and from then on every call and every wait
 // returns the status that aborted it. The first such status goes to
-// `on_abort` (the group's error reporter).
+// `on_abort` (the group's error reporter). The status is set, and waits
+// end with it, before ncclCommAbort is called: the abort itself can wait
+// on the GPU (for a stream the communicator's waits on, seen on an H200),
+// and an op's failure must not wait behind it.
 #ifndef COHORT_WORKER_COLLECTIVE_NCCL_WATCHED_COMM_H_
 #define COHORT_WORKER_COLLECTIVE_NCCL_WATCHED_COMM_H_
 
@@ -95,6 +98,9 @@ class WatchedComm {
   // Aborts with `why` unless already aborted; returns whether it did (the
   // caller then reports `why` once the lock is released).
   bool AbortLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ncclCommAbort, without mu_: by the thread whose AbortLocked returned
+  // true, after it released mu_.
+  void AbortNccl();
   void Report(const absl::Status& why);
 
   const std::string where_;

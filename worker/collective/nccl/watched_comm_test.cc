@@ -81,18 +81,18 @@ TEST(WatchedComm, AbortsOnAnInjectedAsyncErrorAndReportsOnce) {
                    reports.Options());
   api.InjectAsyncError(absl::UnavailableError(
       "remote process exited or there was a network error"));
-  // Nothing else aborts it; the report follows the abort.
+  // Nothing else aborts it; the report comes just before the abort.
   ASSERT_EQ(reports.Await(1).size(), 1u) << "no abort reported in 30 s";
   absl::Status why = comm.aborted();
   EXPECT_EQ(why.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(why.message(), HasSubstr("rank 0 of 1"));
   EXPECT_THAT(why.message(), HasSubstr("asynchronous error"));
   EXPECT_THAT(why.message(), HasSubstr("remote process exited"));
-  EXPECT_EQ(api.aborts(), 1);
+  EXPECT_EQ(api.AwaitAborts(1), 1);
   EXPECT_EQ(reports.Get()[0], why);
   // Every later call returns the same status without touching NCCL.
   EXPECT_EQ(comm.Call([](NcclCommunicator&) { return absl::OkStatus(); }), why);
-  EXPECT_EQ(api.aborts(), 1);
+  EXPECT_EQ(api.AwaitAborts(1), 1);
   EXPECT_EQ(reports.Get().size(), 1u);
 }
 
@@ -139,7 +139,7 @@ TEST(WatchedComm, AbortsAnInitThatNeverCompletes) {
       comm.Call([](NcclCommunicator&) { return absl::OkStatus(); });
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(status.message(), HasSubstr("NCCL init did not complete"));
-  EXPECT_EQ(api.aborts(), 1);
+  EXPECT_EQ(api.AwaitAborts(1), 1);
 }
 
 TEST(WatchedComm, AFailedCallAbortsTheCommunicator) {
@@ -154,9 +154,48 @@ TEST(WatchedComm, AFailedCallAbortsTheCommunicator) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(status.message(), HasSubstr("rank 0 of 1: ncclAllReduce"));
   EXPECT_EQ(comm.aborted(), status);
-  EXPECT_EQ(api.aborts(), 1);
+  EXPECT_EQ(api.AwaitAborts(1), 1);
   ASSERT_EQ(reports.Get().size(), 1u);
   EXPECT_EQ(reports.Get()[0], status);
+}
+
+// Found on an H200: ncclCommAbort waits while the communicator's stream
+// waits for work outside NCCL (here, a caller's stream held by a host
+// function). The op's wait must end with the watchdog's status at the
+// deadline all the same, not when the abort returns.
+TEST(WatchedComm, AnOpFailsAtItsDeadlineWhileTheAbortIsStillBlocked) {
+  auto world = NewFakeNcclWorld();
+  FakeNcclApi api0(world), api1(world);
+  const NcclUniqueId id = *api0.GetUniqueId();
+  auto comm1 = Init(api1, 2, 1, id);  // Joins, then never calls the op.
+  api0.HoldAborts();
+  Reports reports;
+  {
+    WatchedComm comm(Init(api0, 2, 0, id), "rank 0 of 2", reports.Options());
+    float x = 1;
+    WatchedComm::Watch watch(comm, "AllReduce SUM of 1 f32",
+                             absl::Milliseconds(100),
+                             absl::Now() + absl::Milliseconds(100));
+    std::unique_ptr<NcclEvent> event;
+    ASSERT_TRUE(comm.Call([&](NcclCommunicator& c) {
+                      absl::Status s =
+                          c.AllReduce(&x, &x, 1, Dtype::kF32, ReduceOp::kSum);
+                      event = std::move(c.RecordEvent()).value();
+                      return s;
+                    })
+                    .ok());
+    absl::Status status = comm.Await(*event);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+    // The watchdog is inside the abort, which has not returned.
+    EXPECT_EQ(api0.AwaitAborts(1), 1);
+    EXPECT_EQ(reports.Await(1).size(), 1u);
+    // Later calls and status reads do not wait for it either.
+    EXPECT_EQ(comm.Call([](NcclCommunicator&) { return absl::OkStatus(); }),
+              status);
+    EXPECT_EQ(comm.aborted(), status);
+    api0.ReleaseAborts();
+  }  // The destructor waits for the watchdog, and so for the abort.
+  EXPECT_EQ(api0.aborts(), 1);
 }
 
 }  // namespace
