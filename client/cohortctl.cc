@@ -11,14 +11,16 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/notification.h"
 #include "base/signals.h"
 #include "client/auth_client.h"
-#include "proto/auth/roles.h"
+#include "client/info_client.h"
 #include "client/remote_store.h"
+#include "proto/auth/roles.h"
 
 ABSL_FLAG(std::string, addr, "",
           "cohortd HOST:PORT; default $COHORT_ADDR, else localhost:29500");
@@ -62,6 +64,13 @@ Commands:
   num-keys                  print the number of keys
   watch [PREFIX] [--from_revision=R]
                             print changes under PREFIX until interrupted
+  info                      print what cohortd is, a NAME VALUE a line:
+                            version, engine, server_id, and its TCPStore
+                            listener: tcpstore HOST:PORT to dial (or
+                            "tcpstore off"), tcpstore_source (advertised,
+                            bound, caller_host or hostname), tcpstore_bound,
+                            tcpstore_prefix (when set) and
+                            tcpstore_token_required
 
 With auth (cohortd --auth_tokens):
   whoami                    print the token's role, prefix and source
@@ -225,6 +234,35 @@ int AuthCommand(const std::string& command,
       "token takes: issue ROLE PREFIX | revoke ID | list");
 }
 
+int InfoCommand(const std::vector<std::string>& args,
+                const cohort::ConnectionOptions& options) {
+  if (!args.empty()) return Usage("info takes no arguments");
+  auto client = cohort::InfoClient::Connect(options);
+  if (!client.ok()) return Fail(client.status());
+  absl::StatusOr<cohort::v1::ServerInfo> info = (*client)->GetServerInfo();
+  if (!info.ok()) return Fail(info.status());
+  PrintLine(absl::StrCat("version ", info->version()));
+  PrintLine(absl::StrCat("engine ", info->engine()));
+  PrintLine(absl::StrCat("server_id ", info->server_id()));
+  if (!info->has_tcpstore()) {
+    PrintLine("tcpstore off");
+    return 0;
+  }
+  const cohort::v1::TcpStoreListener& tcpstore = info->tcpstore();
+  PrintLine(absl::StrCat("tcpstore ", tcpstore.address()));
+  PrintLine(absl::StrCat(
+      "tcpstore_source ",
+      absl::AsciiStrToLower(
+          cohort::v1::TcpStoreListener::Source_Name(tcpstore.source()))));
+  PrintLine(absl::StrCat("tcpstore_bound ", tcpstore.bound()));
+  if (!tcpstore.prefix().empty()) {
+    PrintLine(absl::StrCat("tcpstore_prefix ", tcpstore.prefix()));
+  }
+  PrintLine(absl::StrCat("tcpstore_token_required ",
+                         tcpstore.token_required() ? "true" : "false"));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   // Blocked before any thread (gRPC's included) starts, so `watch` can take
   // them with sigtimedwait.
@@ -251,6 +289,10 @@ int main(int argc, char** argv) {
   if (command == "whoami" || command == "token") {
     pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
     return AuthCommand(command, args, options);
+  }
+  if (command == "info") {
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+    return InfoCommand(args, options);
   }
   auto connected = cohort::RemoteStore::Connect(options);
   if (!connected.ok()) return Fail(connected.status());

@@ -72,6 +72,17 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   // not call it. Linking the generated health.proto puts it in the pool.
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
 
+  if (!options.tcpstore_advertise.empty()) {
+    if (options.tcpstore_listen.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tcpstore_advertise=", options.tcpstore_advertise,
+          " says where clients dial the TCPStore listener, but it is off"));
+    }
+    absl::Status dialable =
+        CheckDialAddress("--tcpstore_advertise", options.tcpstore_advertise);
+    if (!dialable.ok()) return dialable;
+  }
+
   std::unique_ptr<CohortServer> server(new CohortServer());
   server->store_ = std::move(store);
   server->quotas_ = std::make_unique<Quotas>(options.quotas);
@@ -111,6 +122,13 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   store_options.watch_gauges = &server->watch_gauges_;
   store_options.quotas = server->quotas_.get();
   server->auth_service_ = std::make_unique<AuthService>(server->auth_.get());
+  server->info_service_ = std::make_unique<InfoService>(InfoServiceOptions{
+      .engine = options.engine,
+      .tcpstore_advertise = options.tcpstore_advertise,
+      .tcpstore_prefix = options.tcpstore_prefix,
+      .tcpstore_token_required =
+          server->auth_ != nullptr && options.tcpstore_require_token,
+      .auth = server->auth_.get()});
   server->service_ =
       std::make_unique<StoreService>(server->store_.get(), store_options);
   if (options.election_endpoints.empty()) {
@@ -164,6 +182,7 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   }
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->auth_service_.get());
+  builder.RegisterService(server->info_service_.get());
   builder.RegisterService(server->rendezvous_service_.get());
   builder.RegisterService(server->membership_service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(
@@ -233,6 +252,9 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
          .on_query = std::move(on_query)});
     if (!tcpstore.ok()) return tcpstore.status();
     server->tcpstore_ = std::move(*tcpstore);
+    const std::string& listen = options.tcpstore_listen;
+    server->info_service_->SetTcpStoreBound(absl::StrCat(
+        listen.substr(0, listen.rfind(':')), ":", server->tcpstore_->port()));
   }
   if (server->metrics_ != nullptr) {
     const Coordination state =

@@ -1,6 +1,6 @@
 // CohortServer: cohortd's gRPC server: the Store, Rendezvous and Membership
-// services (all state in one KvStore), health and reflection. main.cc adds
-// flags and signals; tests start it in-process.
+// services (all state in one KvStore), Auth, Info, health and reflection.
+// main.cc adds flags and signals; tests start it in-process.
 #ifndef COHORT_SERVER_COHORT_SERVER_H_
 #define COHORT_SERVER_COHORT_SERVER_H_
 
@@ -13,12 +13,14 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/deadline_timer.h"
 #include "grpcpp/server.h"
 #include "server/auth.h"
 #include "server/auth_service.h"
 #include "server/coordination_service.h"
 #include "server/coordination_slot.h"
 #include "server/etcd_leadership.h"
+#include "server/info_service.h"
 #include "server/listener.h"
 #include "server/membership.h"
 #include "server/metrics.h"
@@ -28,7 +30,6 @@
 #include "server/store_service.h"
 #include "server/tcpstore_server.h"
 #include "server/tls.h"
-#include "base/deadline_timer.h"
 #include "store/kv_store.h"
 
 namespace cohort::server {
@@ -40,6 +41,12 @@ struct ServerOptions {
   // HOST:PORT for PyTorch's TCPStore protocol (tcpstore_server.h); empty
   // serves none. cohortd's flag defaults to 0.0.0.0:29400.
   std::string tcpstore_listen;
+  // HOST:PORT at which clients dial the TCPStore listener when that is not
+  // where it is bound (a Kubernetes Service, a NAT in front): what
+  // GetServerInfo reports (info.proto). Empty: the bound address, with a
+  // wildcard host replaced (DialTcpStoreAt). Start refuses one that
+  // CheckDialAddress refuses, and one without a listener.
+  std::string tcpstore_advertise;
   // TcpStoreServerOptions::allow and ::prefix: the listener's access policy.
   std::vector<std::string> tcpstore_allow;
   std::string tcpstore_prefix;
@@ -52,6 +59,9 @@ struct ServerOptions {
   // (metrics.h); port 0 picks a free one (see metrics_port()). Empty: off.
   std::string metrics_listen;
   StoreServiceOptions store_service;
+  // The storage engine's name for GetServerInfo ("rocksdb", "memory",
+  // "etcd"); may be empty.
+  std::string engine;
   // Each tenant's share of the server (quota.h): per job token with auth
   // on, per connection with it off. The stored keys and bytes are the
   // store's (store::StoreLimits::quota_keys, quota_bytes), bounded per
@@ -127,6 +137,8 @@ class CohortServer {
   int port() const { return port_; }
   int tcpstore_port() const { return tcpstore_ ? tcpstore_->port() : 0; }
   int health_port() const { return health_port_; }
+  // This process's ServerInfo.server_id.
+  const std::string& server_id() const { return info_service_->server_id(); }
   // The token checker; null when auth is off.
   Authenticator* auth() { return auth_.get(); }
   // The tenants' quotas (ServerOptions::quotas); never null.
@@ -191,6 +203,7 @@ class CohortServer {
   std::unique_ptr<Authenticator> auth_;
   std::string auth_tokens_;  // Its file.
   std::unique_ptr<AuthService> auth_service_;
+  std::unique_ptr<InfoService> info_service_;
   TlsOptions tls_;
   // --max_connections, shared by the gRPC and TCPStore listeners; declared
   // before them so that it outlives them.

@@ -38,6 +38,12 @@ ABSL_FLAG(std::string, tcpstore_listen, "0.0.0.0:29400",
           "HOST:PORT to serve PyTorch's TCPStore protocol on (torch clients "
           "and torchrun --rdzv_backend=c10d); 29400 is torchrun's default "
           "c10d port; empty turns it off");
+ABSL_FLAG(std::string, tcpstore_advertise, "",
+          "HOST:PORT at which clients dial the TCPStore listener when it is "
+          "not where it is bound (a Kubernetes Service, a NAT): what "
+          "cohort.v1.Info reports, and so where cohortrun points its "
+          "workers. Default: the bound address; bound to 0.0.0.0 or [::], "
+          "the host each caller dialed cohortd's gRPC port with");
 ABSL_FLAG(std::vector<std::string>, tcpstore_allow, {},
           "comma-separated peer networks (CIDR, as 10.0.0.0/8,fd00::/8, or "
           "single addresses) whose TCPStore connections are served; others "
@@ -299,6 +305,14 @@ int main(int argc, char** argv) {
                                    "--max_list_page must be > 0"));
   }
 
+  // Before the store is opened: a bad address is a mistake to fix first.
+  if (const std::string advertise = absl::GetFlag(FLAGS_tcpstore_advertise);
+      !advertise.empty()) {
+    absl::Status dialable =
+        cohort::server::CheckDialAddress("--tcpstore_advertise", advertise);
+    if (!dialable.ok()) return Fail(dialable);
+  }
+
   const std::string engine_name = absl::GetFlag(FLAGS_engine);
   std::string where;
   std::unique_ptr<cohort::store::KvEngine> engine;
@@ -353,6 +367,8 @@ int main(int argc, char** argv) {
   cohort::server::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.tcpstore_listen = absl::GetFlag(FLAGS_tcpstore_listen);
+  options.tcpstore_advertise = absl::GetFlag(FLAGS_tcpstore_advertise);
+  options.engine = engine_name;
   options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
   options.max_token_ttl = absl::GetFlag(FLAGS_max_token_ttl);
   if (options.max_token_ttl <= absl::ZeroDuration() ||
@@ -414,6 +430,15 @@ int main(int argc, char** argv) {
         "send their workers' token)");
     options.tcpstore_listen.clear();
   }
+  if (!options.tcpstore_advertise.empty() && options.tcpstore_listen.empty()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--tcpstore_advertise=", options.tcpstore_advertise,
+        " says where clients dial the TCPStore listener, but it is off (",
+        options.auth_tokens.empty()
+            ? "--tcpstore_listen is empty"
+            : "auth is on and --tcpstore_listen was not given",
+        "): give --tcpstore_listen=HOST:PORT, or drop --tcpstore_advertise")));
+  }
   options.tcpstore_allow = absl::GetFlag(FLAGS_tcpstore_allow);
   options.tcpstore_prefix = absl::GetFlag(FLAGS_tcpstore_prefix);
   if (!options.auth_tokens.empty() && !options.tcpstore_require_token &&
@@ -450,15 +475,18 @@ int main(int argc, char** argv) {
       host, (*server)->port(), where, keys, revision));
   if ((*server)->tcpstore_port() != 0) {
     const std::string& t = options.tcpstore_listen;
-    Log(
-        absl::StrFormat("serving the TCPStore protocol on %s:%d (PyTorch "
-                        "1.13-2.0 and 2.1+ clients)%s",
-                        t.substr(0, t.rfind(':')), (*server)->tcpstore_port(),
-                        !options.auth_tokens.empty() &&
-                                options.tcpstore_require_token
-                            ? "; each connection needs a token hello "
-                              "(cohortrun's node proxy)"
-                            : ""));
+    Log(absl::StrFormat(
+        "serving the TCPStore protocol on %s:%d (PyTorch "
+        "1.13-2.0 and 2.1+ clients)%s%s",
+        t.substr(0, t.rfind(':')), (*server)->tcpstore_port(),
+        options.tcpstore_advertise.empty()
+            ? ""
+            : absl::StrCat("; clients are told to dial ",
+                           options.tcpstore_advertise),
+        !options.auth_tokens.empty() && options.tcpstore_require_token
+            ? "; each connection needs a token hello "
+              "(cohortrun's node proxy)"
+            : ""));
   }
 
   if ((*server)->health_port() != 0) {

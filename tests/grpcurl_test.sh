@@ -7,10 +7,14 @@
 # bad request and a timed-out blocking Get come back with their gRPC codes
 # while cohortd keeps serving. Then it watches a prefix (a server stream):
 # the replayed change, a live one, and not the key outside the prefix.
+# cohort.v1.Info tells where the TCPStore listener is: its bound address,
+# or --tcpstore_advertise's (also through `cohortctl info`); a bad
+# --tcpstore_advertise stops cohortd at start-up, saying why.
 # tests/buf_curl_test.sh is its twin with buf curl.
 set -uo pipefail
 
 COHORTD=server/cohortd
+CTL=client/cohortctl
 GRPCURL=${GRPCURL:-/usr/local/lib/cohort-tools/bin/grpcurl}
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
 LOG=$TMP/cohortd.log
@@ -24,13 +28,15 @@ expect_eq() { [[ "$2" == "$3" ]] || fail "$1: expected '$3', got '$2'"; }
 "$COHORTD" --listen=127.0.0.1:0 --tcpstore_listen=127.0.0.1:0 --engine=memory 2>"$LOG" &
 PID=$!
 WATCH_PID=
-trap 'kill -9 $PID $WATCH_PID 2>/dev/null' EXIT
+ADVERTISED_PID=
+trap 'kill -9 $PID $WATCH_PID $ADVERTISED_PID 2>/dev/null' EXIT
 for _ in $(seq 300); do
   ADDR=$(sed -n 's/.*serving cohort.v1.Store on \([^;]*\);.*/\1/p' "$LOG")
-  [[ -n "$ADDR" ]] && break
+  TCPSTORE=$(sed -n 's/.*serving the TCPStore protocol on \([^ ]*\) .*/\1/p' "$LOG")
+  [[ -n "$ADDR" && -n "$TCPSTORE" ]] && break
   sleep 0.05
 done
-[[ -n "$ADDR" ]] || { cat "$LOG"; echo "FAIL: cohortd did not start"; exit 1; }
+[[ -n "$ADDR" && -n "$TCPSTORE" ]] || { cat "$LOG"; echo "FAIL: cohortd did not start"; exit 1; }
 
 # -max-time bounds every call (reflection included) so that a hung cohortd
 # fails the test instead of stalling it; no call here comes near it.
@@ -39,7 +45,7 @@ grpcurl_() { "$GRPCURL" -plaintext -max-time 60 "$@"; }
 field() { sed -n "s/^ *\"$1\": \"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p"; }
 
 services=$(grpcurl_ "$ADDR" list 2>&1)
-for s in cohort.v1.Store cohort.v1.Rendezvous cohort.v1.Membership \
+for s in cohort.v1.Store cohort.v1.Rendezvous cohort.v1.Membership cohort.v1.Info \
          grpc.health.v1.Health grpc.reflection.v1alpha.ServerReflection; do
   grep -qx "$s" <<<"$services" || fail "list lacks $s: $services"
 done
@@ -111,6 +117,61 @@ events=$(paste -d ' ' <(field type <"$WATCH_OUT") <(field key <"$WATCH_OUT") \
 expect_eq "the watch's events" "$events" \
   "PUT Z3JlZXRpbmc= aGVsbG8= 1
 PUT Z3JlZXRpbmc= Ynll 3"
+
+# Where the TCPStore listener is: bound to 127.0.0.1, so that address.
+info=$(grpcurl_ "$ADDR" cohort.v1.Info/GetServerInfo 2>&1)
+expect_eq "GetServerInfo's engine" "$(field engine <<<"$info")" "memory"
+[[ "$(field version <<<"$info")" =~ ^[0-9]+\.[0-9]+\.[0-9]+ ]] || fail "GetServerInfo's version: $info"
+[[ "$(field server_id <<<"$info")" =~ ^[0-9a-f]{32}$ ]] || fail "GetServerInfo's server_id: $info"
+expect_eq "GetServerInfo's TCPStore address" "$(field address <<<"$info")" "$TCPSTORE"
+expect_eq "GetServerInfo's TCPStore source" "$(field source <<<"$info")" "BOUND"
+
+# Behind a Service or a NAT: --tcpstore_advertise is what clients are told,
+# through grpcurl and cohortctl info alike.
+ADVERTISED_LOG=$TMP/advertised.log
+"$COHORTD" --listen=127.0.0.1:0 --tcpstore_listen=127.0.0.1:0 --engine=memory \
+  --tcpstore_advertise=tcpstore.example:29400 2>"$ADVERTISED_LOG" &
+ADVERTISED_PID=$!
+for _ in $(seq 300); do
+  ADVERTISED=$(sed -n 's/.*serving cohort.v1.Store on \([^;]*\);.*/\1/p' "$ADVERTISED_LOG")
+  [[ -n "$ADVERTISED" ]] && break
+  sleep 0.05
+done
+if [[ -z "$ADVERTISED" ]]; then
+  fail "cohortd --tcpstore_advertise did not start: $(cat "$ADVERTISED_LOG")"
+else
+  grep -q "clients are told to dial tcpstore.example:29400" "$ADVERTISED_LOG" ||
+    fail "cohortd's log does not say what it advertises: $(cat "$ADVERTISED_LOG")"
+  info=$(grpcurl_ "$ADVERTISED" cohort.v1.Info/GetServerInfo 2>&1)
+  expect_eq "the advertised address" "$(field address <<<"$info")" "tcpstore.example:29400"
+  expect_eq "the advertised source" "$(field source <<<"$info")" "ADVERTISED"
+  ctl_info=$("$CTL" --addr="$ADVERTISED" info 2>&1)
+  grep -qx "tcpstore tcpstore.example:29400" <<<"$ctl_info" || fail "cohortctl info: $ctl_info"
+  grep -qx "tcpstore_source advertised" <<<"$ctl_info" || fail "cohortctl info: $ctl_info"
+  grep -qx "tcpstore_bound 127.0.0.1:[0-9]*" <<<"$ctl_info" || fail "cohortctl info: $ctl_info"
+  grep -qx "engine memory" <<<"$ctl_info" || fail "cohortctl info: $ctl_info"
+fi
+
+# A bad --tcpstore_advertise stops cohortd before it serves, saying why.
+# (Port 0 leaves whatever the machine runs on 29400 alone.)
+bad_advertise() {
+  local out
+  out=$("$COHORTD" --listen=127.0.0.1:0 --tcpstore_listen=127.0.0.1:0 --engine=memory \
+    "$@" 2>&1 </dev/null)
+  local rc=$?
+  [[ $rc == 1 ]] || fail "cohortd $* exited $rc, not 1: $out"
+  grep -q "fatal: .*--tcpstore_advertise" <<<"$out" || fail "cohortd $*: $out"
+  grep -q "serving cohort.v1.Store" <<<"$out" && fail "cohortd $* served first: $out"
+  echo "$out"
+}
+grep -q "no port" <<<"$(bad_advertise --tcpstore_advertise=tcpstore.example)" ||
+  fail "no port: not said"
+grep -q "every interface" <<<"$(bad_advertise --tcpstore_advertise=0.0.0.0:29400)" ||
+  fail "a wildcard: not said"
+grep -q "from 1 to 65535" <<<"$(bad_advertise --tcpstore_advertise=tcpstore.example:0)" ||
+  fail "port 0: not said"
+grep -q "but it is off" <<<"$(bad_advertise --tcpstore_listen= --tcpstore_advertise=a:1)" ||
+  fail "advertising no listener: not said"
 
 if ((failures)); then
   echo "grpcurl_test: $failures check(s) failed"

@@ -22,16 +22,22 @@
 #include "absl/strings/str_cat.h"
 #include "base/signals.h"
 #include "client/auth_client.h"
+#include "client/info_client.h"
 #include "client/membership_client.h"
+#include "client/remote_store.h"
 #include "client/rendezvous_client.h"
 #include "worker/launch/launcher.h"
+#include "worker/launch/torch_store.h"
 
 ABSL_FLAG(std::string, coordinator, "",
           "cohortd HOST:PORT; default $COHORT_ADDR, else localhost:29500");
 ABSL_FLAG(std::string, tcpstore, "",
           "cohortd's TCPStore listener HOST:PORT, where workers' torch stores "
-          "go; default $COHORT_TCPSTORE, else the coordinator's host, port "
-          "29400");
+          "go; default $COHORT_TCPSTORE, else where cohortd says it is "
+          "(cohort.v1.Info). Checked before any worker starts");
+ABSL_FLAG(absl::Duration, tcpstore_check_timeout, absl::Seconds(5),
+          "how long the start-up check of the TCPStore listener waits for "
+          "each TCP connect, and then for its answers");
 ABSL_FLAG(std::string, run_id, "", "the job's id, the same on every node");
 ABSL_FLAG(std::string, nnodes, "1",
           "nodes in the job: N, or MIN:MAX for an elastic job");
@@ -152,15 +158,52 @@ environment torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 GROUP_RANK, GROUP_WORLD_SIZE, ROLE_*, MASTER_ADDR, MASTER_PORT,
 TORCHELASTIC_*, ...) and COHORT_ADDR, COHORT_RUN_ID, COHORT_ROUND,
 COHORT_STORE_PREFIX and COHORT_RESTART_COUNT. MASTER_ADDR:MASTER_PORT is a
-proxy on this node's loopback to cohortd's TCPStore listener (--tcpstore),
-so dist.init_process_group("gloo") bootstraps through cohortd, with the
-job's keys under /cohortrun/ID/ROUND/. When a worker or a node fails, every
+proxy on this node's loopback to cohortd's TCPStore listener, so
+dist.init_process_group("gloo") bootstraps through cohortd, with the job's
+keys under /cohortrun/ID/ROUND/. cohortrun asks cohortd where that listener
+is (--tcpstore overrides it) and checks, before any worker starts, that it
+answers and serves this cohortd's keys. When a worker or a node fails, every
 node stops its workers and starts them again in a new round, up to R times.
 Exits 0 when all of this node's workers exited 0.
 With auth on cohortd, give this job's token ($COHORT_TOKEN or --token-file):
 the run ID must lie within its prefix, and the workers get a token of their
 own, for this run alone, revoked when cohortrun exits.
 Flags may be written with '-' or '_' (--nproc-per-node, --nproc_per_node).)";
+
+// Takes the stop signals on a thread of its own and hands them to the
+// launcher once there is one. Before that, and while the launcher is
+// blocked in a call to cohortd it cannot interrupt, the process exits at
+// once: it has no workers to leave behind then.
+class SignalThread {
+ public:
+  explicit SignalThread(const sigset_t& signals)
+      : signals_(signals), thread_([this] { Run(); }) {}
+  ~SignalThread() { Stop(); }
+
+  // REQUIRES: `launcher` outlives Stop().
+  void Forward(cohort::Launcher* launcher) { launcher_ = launcher; }
+  // Takes no more signals (they stay pending). Idempotent.
+  void Stop() {
+    done_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Run() {
+    const timespec poll = {0, 100 * 1000 * 1000};
+    while (!done_) {
+      const int signal = sigtimedwait(&signals_, nullptr, &poll);
+      if (signal <= 0) continue;
+      cohort::Launcher* launcher = launcher_;
+      if (launcher == nullptr || !launcher->Stop(signal)) _exit(128 + signal);
+    }
+  }
+
+  const sigset_t signals_;
+  std::atomic<cohort::Launcher*> launcher_{nullptr};
+  std::atomic<bool> done_{false};
+  std::thread thread_;  // Last: starts once the rest is built.
+};
 
 int Usage(const std::string& problem) {
   std::fprintf(stderr, "cohortrun: %s\n\n%s\n", problem.c_str(), kUsage);
@@ -214,16 +257,17 @@ int main(int argc, char** argv) {
   if (auto split = cohort::SplitHostPort(options.coordinator); !split.ok()) {
     return Usage(absl::StrCat("--coordinator: ", split.status().message()));
   }
-  options.tcpstore = absl::GetFlag(FLAGS_tcpstore);
-  if (options.tcpstore.empty()) {
-    const char* env = std::getenv("COHORT_TCPSTORE");
-    options.tcpstore = env != nullptr && *env != '\0'
-                           ? env
-                           : cohort::DefaultTcpStore(options.coordinator.substr(
-                                 0, options.coordinator.find(',')));
-  }
-  if (auto split = cohort::SplitHostPort(options.tcpstore); !split.ok()) {
-    return Usage(absl::StrCat("--tcpstore: ", split.status().message()));
+  const std::string tcpstore_flag = absl::GetFlag(FLAGS_tcpstore);
+  const char* tcpstore_env_var = std::getenv("COHORT_TCPSTORE");
+  const std::string tcpstore_env =
+      tcpstore_env_var != nullptr ? tcpstore_env_var : "";
+  for (const auto& [name, given] :
+       {std::pair{"--tcpstore", tcpstore_flag},
+        std::pair{"$COHORT_TCPSTORE", tcpstore_env}}) {
+    if (given.empty()) continue;
+    if (auto split = cohort::SplitHostPort(given); !split.ok()) {
+      return Usage(absl::StrCat(name, ": ", split.status().message()));
+    }
   }
   auto nodes = cohort::ParseNodeRange(absl::GetFlag(FLAGS_nnodes));
   if (!nodes.ok()) {
@@ -273,6 +317,8 @@ int main(int argc, char** argv) {
     std::filesystem::path absolute = std::filesystem::absolute(file, ec);
     options.worker_env.emplace_back(name, ec ? file : absolute.string());
   }
+  // From the first call to cohortd on, a stop signal ends cohortrun.
+  SignalThread signals(stop_signals);
   std::unique_ptr<WorkerToken> worker_token;
   if (!connection.token.empty()) {
     auto minted = WorkerToken::Mint(connection, options.run_id,
@@ -287,6 +333,47 @@ int main(int argc, char** argv) {
     options.store_token = worker_token->token();
     options.worker_env.emplace_back("COHORT_TOKEN_FILE", "");
   }
+  // Where the workers' torch stores go, checked before any worker starts:
+  // a wrong address fails here, in seconds, saying why.
+  auto info_client = cohort::InfoClient::Connect(connection);
+  absl::StatusOr<cohort::v1::ServerInfo> info =
+      info_client.ok()
+          ? (*info_client)->GetServerInfo()
+          : absl::StatusOr<cohort::v1::ServerInfo>(info_client.status());
+  absl::StatusOr<cohort::TorchStoreLocation> torch_store =
+      cohort::LocateTorchStore(tcpstore_flag, tcpstore_env, options.coordinator,
+                               info);
+  if (!torch_store.ok()) {
+    std::fprintf(stderr, "cohortrun: %s\n",
+                 std::string(torch_store.status().message()).c_str());
+    return 1;
+  }
+  if (torch_store->address.empty()) {
+    std::fprintf(stderr,
+                 "cohortrun: the workers get no torch store (no MASTER_ADDR, "
+                 "MASTER_PORT): %s. torch.distributed's env:// cannot "
+                 "bootstrap; give cohortd --tcpstore_listen=HOST:PORT for "
+                 "PyTorch jobs\n",
+                 torch_store->source.c_str());
+    options.no_torch_store = true;
+  } else {
+    auto grpc_store = cohort::RemoteStore::Connect(connection);
+    absl::StatusOr<std::string> checked =
+        grpc_store.ok()
+            ? cohort::CheckTorchStore(
+                  **grpc_store, *torch_store,
+                  {.run_id = options.run_id,
+                   .token = options.store_token,
+                   .timeout = absl::GetFlag(FLAGS_tcpstore_check_timeout)})
+            : absl::StatusOr<std::string>(grpc_store.status());
+    if (!checked.ok()) {
+      std::fprintf(stderr, "cohortrun: %s\n",
+                   std::string(checked.status().message()).c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "cohortrun: %s\n", checked->c_str());
+    options.tcpstore = torch_store->address;
+  }
   auto rendezvous = cohort::RendezvousClient::Connect(connection);
   auto membership = cohort::MembershipClient::Connect(connection);
   for (const absl::Status& status :
@@ -300,19 +387,9 @@ int main(int argc, char** argv) {
   cohort::Launcher launcher(std::move(options), *std::move(rendezvous),
                             *std::move(membership));
 
-  std::atomic<bool> done{false};
-  std::thread signals([&] {
-    const timespec poll = {0, 100 * 1000 * 1000};
-    while (!done) {
-      int signal = sigtimedwait(&stop_signals, nullptr, &poll);
-      // The launcher cannot interrupt a blocking call to cohortd; the
-      // process can, and has no workers to leave behind then.
-      if (signal > 0 && !launcher.Stop(signal)) _exit(128 + signal);
-    }
-  });
+  signals.Forward(&launcher);
   int status = launcher.Run();
-  done = true;
-  signals.join();
+  signals.Stop();
   worker_token.reset();  // Revokes it.
   return status;
 }

@@ -32,7 +32,7 @@ LauncherOptions WithDefaults(LauncherOptions options) {
   if (options.node_id.empty()) {
     options.node_id = absl::StrCat(options.hostname, "-", getpid());
   }
-  if (options.tcpstore.empty()) {
+  if (options.tcpstore.empty() && !options.no_torch_store) {
     options.tcpstore = DefaultTcpStore(options.coordinator);
   }
   if (!options.log) {
@@ -328,7 +328,8 @@ Launcher::RoundEnd Launcher::RunRound(Round& round, int restart_count) {
   if (int signal = stop_signal(); signal != 0) {
     return {RoundEnd::Kind::kStopped, SignalName(signal), 128 + signal};
   }
-  absl::StatusOr<int> store_port = BindTorchStore(r);
+  absl::StatusOr<int> store_port =
+      options_.no_torch_store ? absl::StatusOr<int>(0) : BindTorchStore(r);
   if (!store_port.ok()) {
     std::string why = absl::StrCat(
         options_.node_id,
@@ -433,9 +434,6 @@ std::vector<WorkerSpec> Launcher::WorkerSpecs(const Round& round,
       {"GROUP_WORLD_SIZE", absl::StrCat(r.num_nodes)},
       {"ROLE_NAME", "default"},
       {"ROLE_WORLD_SIZE", absl::StrCat(r.world_size)},
-      {"MASTER_ADDR", "127.0.0.1"},
-      {"MASTER_PORT", absl::StrCat(store_port)},
-      {"TORCHELASTIC_USE_AGENT_STORE", "True"},
       {"TORCHELASTIC_RESTART_COUNT", absl::StrCat(r.round)},
       {"TORCHELASTIC_MAX_RESTARTS", absl::StrCat(options_.max_restarts)},
       {"TORCHELASTIC_RUN_ID", options_.run_id},
@@ -451,6 +449,11 @@ std::vector<WorkerSpec> Launcher::WorkerSpecs(const Round& round,
       {"COHORT_MEMBER_NAME", options_.node_id},
       {"COHORT_MEMBER_INCARNATION", absl::StrCat(round.member->incarnation())},
   };
+  if (!options_.no_torch_store) {
+    common.emplace_back("MASTER_ADDR", "127.0.0.1");
+    common.emplace_back("MASTER_PORT", absl::StrCat(store_port));
+    common.emplace_back("TORCHELASTIC_USE_AGENT_STORE", "True");
+  }
   // Defaults that a value in cohortrun's own environment overrides.
   for (const char* name :
        {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"}) {
@@ -460,8 +463,11 @@ std::vector<WorkerSpec> Launcher::WorkerSpecs(const Round& round,
     common.emplace_back("OMP_NUM_THREADS", "1");
   }
   for (const auto& entry : options_.worker_env) common.push_back(entry);
-  absl::flat_hash_set<std::string> replaced = {"RANK", "LOCAL_RANK",
-                                               "ROLE_RANK"};
+  // The torch store's variables go even when no torch store is given: one
+  // inherited from cohortrun's environment would point elsewhere.
+  absl::flat_hash_set<std::string> replaced = {
+      "RANK",        "LOCAL_RANK",  "ROLE_RANK",
+      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"};
   for (const auto& [name, value] : common) replaced.insert(name);
   std::vector<std::string> inherited;
   for (char** entry = environ; *entry != nullptr; ++entry) {

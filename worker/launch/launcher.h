@@ -51,6 +51,10 @@ struct LauncherOptions {
   // HOST:PORT of cohortd's TCPStore listener, where the node's proxy sends
   // the workers' torch store connections. Empty: DefaultTcpStore(coordinator).
   std::string tcpstore;
+  // cohortd serves no TCPStore listener: no proxy runs, and the workers get
+  // no MASTER_ADDR, MASTER_PORT or TORCHELASTIC_USE_AGENT_STORE (torch's
+  // env:// then says so at once; cohort's own env:// uses COHORT_ADDR).
+  bool no_torch_store = false;
   std::string run_id;
   int min_nodes = 1;
   int max_nodes = 1;

@@ -367,6 +367,23 @@ TEST_F(LauncherTest, WorkersReachTheTcpStoreThroughTheProxyPerRound) {
   EXPECT_EQ(received, expected);
 }
 
+// cohortd serves no TCPStore listener: no proxy, and no torch store
+// variables, not even ones cohortrun inherited.
+TEST_F(LauncherTest, WithoutATorchStoreWorkersGetNoMasterAddrOrPort) {
+  options_.no_torch_store = true;
+  options_.tcpstore = "";
+  setenv("MASTER_ADDR", "inherited.example", 1);
+  auto launcher = MakeLauncher(absl::StrCat(
+      "echo \"[$MASTER_ADDR] [$MASTER_PORT] [$TORCHELASTIC_USE_AGENT_STORE] "
+      "$COHORT_ADDR\" > ",
+      dir_, "/no_store.$RANK"));
+  EXPECT_EQ(launcher->Run(), 0) << Log();
+  unsetenv("MASTER_ADDR");
+  EXPECT_EQ(ReadFile(absl::StrCat(dir_, "/no_store.0")),
+            "[] [] [] cohortd.example:29511\n");
+  EXPECT_THAT(Log(), ::testing::Not(HasSubstr("workers' torch store")));
+}
+
 TEST(LauncherDefaultsTest, TcpStoreAddressAndNamespace) {
   EXPECT_EQ(DefaultTcpStore("cohortd.example:29500"), "cohortd.example:29400");
   EXPECT_EQ(DefaultTcpStore("[::1]:29500"), "[::1]:29400");
