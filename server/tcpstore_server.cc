@@ -36,6 +36,7 @@
 #include "proto/tcpstore/wire.h"
 #include "server/listener.h"
 #include "server/quota.h"
+#include "store/queue_keys.h"
 
 namespace cohort::server {
 namespace {
@@ -95,7 +96,8 @@ absl::Status CheckClientWrites(const Request& r) {
       }
       return absl::OkStatus();
     default:
-      // Reads, and queues: they live beside the store, not in it.
+      // Reads, and queues: a queue's items are the store's own keys
+      // (store/queue_keys.h), whatever the queue's name.
       return absl::OkStatus();
   }
 }
@@ -283,7 +285,7 @@ class TcpStoreServer::Loop {
     s.requests = requests_.load();
     s.unsent_bytes = unsent_total_reported_.load();
     s.peak_unsent_bytes = peak_unsent_.load();
-    s.queue_bytes = queue_bytes_reported_.load();
+    s.queue_bytes = store_->queue_stats().bytes;
     s.closed_slow_readers = closed_slow_readers_.load();
     s.refused_quota = refused_quota_.load();
     s.refused_no_budget = refused_no_budget_.load();
@@ -329,13 +331,33 @@ class TcpStoreServer::Loop {
     int64_t blocked_since_ns = 0;
     uint64_t seq = 0;  // Numbers blocking requests; stale completions differ.
     store::KvStore::WaitId wait_id = 0;
-    std::vector<std::string> wait_keys;
+    // The keys of a 2.x WAIT, whose queues' pushes may end it.
+    std::shared_ptr<const std::vector<std::string>> wait_keys;
+    // Those of a WAIT a push ended, until the client pops: if it does
+    // something else instead, the wake-up is passed on (PassWakes).
+    std::shared_ptr<const std::vector<std::string>> woken_keys;
+    // QUEUE_POPs of this connection in the batch not yet committed.
+    size_t batched_pops = 0;
     std::string barrier_key;
   };
 
-  struct QueueItem {
-    std::string value;
-    std::shared_ptr<const std::string> owner;  // Charged for it.
+  // A change read but not committed: its connection and query.
+  struct Queued {
+    uint64_t conn = 0;
+    Op op = Op::kSet;
+    int64_t read_ns = 0;  // For on_query.
+    // QUEUE_PUSH: the owner charged for it, and how much.
+    std::shared_ptr<const std::string> owner;
+    uint64_t charged = 0;
+    // A QUEUE_POP whose connection closed before the commit: left out.
+    bool dropped = false;
+  };
+
+  // Who was charged for a queue item (Quota::kQueueBytes), until it is
+  // popped.
+  struct ItemOwner {
+    std::shared_ptr<const std::string> owner;
+    uint64_t bytes = 0;
   };
 
   struct WriteReq {
@@ -501,6 +523,20 @@ class TcpStoreServer::Loop {
     }
     if (bad_input) ++closed_bad_input_;
     CancelBlock(c);
+    PassWakes(c);
+    if (c.batched_pops > 0) {
+      // Its pops are not committed: nobody would get their items. A pop a
+      // push woke it for passes the wake-up on.
+      std::vector<std::string> queues;
+      for (size_t i = 0; i < batch_from_.size(); ++i) {
+        Queued& q = batch_from_[i];
+        if (q.conn != c.id || q.op != Op::kQueuePop) continue;
+        q.dropped = true;
+        queues.emplace_back(batch_[i].key);
+      }
+      c.batched_pops = 0;
+      store_->PassQueueWakes(queues);
+    }
     c.closing = true;
     // Its replies' memory goes now, not once libuv has closed the socket
     // (after this pass), so that what CloseSlowReaders frees is free before
@@ -676,6 +712,9 @@ class TcpStoreServer::Loop {
   // batch, and sends the replies; again while that readies more (waits it
   // completed).
   void Drain() {
+    // Waits ended outside a pass (a connection closed, passing its
+    // wake-up on) ready their connections here.
+    RunLocal();
     while (!ready_.empty()) {
       std::vector<uint64_t> round;
       round.swap(ready_);
@@ -737,14 +776,30 @@ class TcpStoreServer::Loop {
   // (one write-ahead log record) and queues their replies.
   void CommitBatch() {
     if (batch_.empty()) return;
-    std::vector<store::ChangeResult> results = store_->ApplyBatch(batch_);
+    // Pops of connections closed since they were read are left out.
+    std::vector<Queued> from;
+    std::vector<store::Change> changes;
+    for (size_t i = 0; i < batch_.size(); ++i) {
+      if (batch_from_[i].dropped) continue;
+      changes.push_back(batch_[i]);
+      from.push_back(std::move(batch_from_[i]));
+    }
+    batch_.clear();
+    batch_from_.clear();
+    batch_bytes_ = 0;
+    batch_push_bytes_ = 0;
+    batch_wants_reply_ = false;
+    std::vector<store::ChangeResult> results = store_->ApplyBatch(changes);
     for (size_t i = 0; i < results.size(); ++i) {
       const store::ChangeResult& r = results[i];
-      const Op op = batch_from_[i].op;
-      Observe(op, batch_from_[i].read_ns,
+      const Op op = from[i].op;
+      Observe(op, from[i].read_ns,
               r.status.ok() ? TcpStoreOutcome::kOk : TcpStoreOutcome::kFailed);
-      Conn* c = Find(batch_from_[i].conn);
+      if (op == Op::kQueuePush) Charged(from[i], r);
+      if (op == Op::kQueuePop && r.status.ok()) Popped(r);
+      Conn* c = Find(from[i].conn);
       if (c == nullptr) continue;
+      if (op == Op::kQueuePop) --c->batched_pops;
       if (!r.status.ok()) {
         Close(*c, absl::StrCat(OpName(op), " failed: ", r.status.message()),
               false);
@@ -753,17 +808,38 @@ class TcpStoreServer::Loop {
       Encoder reply(&c->out);
       if (op == Op::kAdd || op == Op::kDeleteKey) reply.I64(r.number);
       if (op == Op::kCompareSet) reply.Bytes(r.value);
+      if (op == Op::kQueuePop) {
+        reply.I64(r.number);
+        if (r.number > 0) reply.Bytes(r.value);
+      }
     }
-    batch_.clear();
-    batch_from_.clear();
     batch_strings_.clear();
-    batch_bytes_ = 0;
-    batch_wants_reply_ = false;
+  }
+
+  // A push committed (its owner's charge now follows the item), or not
+  // (the charge is given back).
+  void Charged(const Queued& q, const store::ChangeResult& r) {
+    if (q.owner == nullptr || options_.quotas == nullptr) return;
+    if (!r.status.ok()) {
+      Uncharge(q.owner, Quota::kQueueBytes, q.charged);
+      return;
+    }
+    item_owners_[r.queue_item] = {q.owner, q.charged};
+  }
+
+  // An item popped: its pusher's charge is given back (items pushed before
+  // a restart, or through another replica, were charged to nobody here).
+  void Popped(const store::ChangeResult& r) {
+    if (r.number == 0) return;
+    auto it = item_owners_.find(r.queue_item);
+    if (it == item_owners_.end()) return;
+    Uncharge(it->second.owner, Quota::kQueueBytes, it->second.bytes);
+    item_owners_.erase(it);
   }
 
   // Queues a change for the next commit, with copies of its strings (the
   // connection's buffer moves on before then).
-  void Queue(Conn& c, Op op, store::Change change) {
+  Queued& Queue(Conn& c, Op op, store::Change change) {
     auto keep = [this](absl::string_view bytes) -> absl::string_view {
       if (bytes.empty()) return bytes;
       batch_bytes_ += bytes.size();
@@ -775,7 +851,10 @@ class TcpStoreServer::Loop {
     if (batch_.empty()) batch_since_ns_ = absl::GetCurrentTimeNanos();
     batch_.push_back(change);
     batch_from_.push_back({.conn = c.id, .op = op, .read_ns = read_ns_});
-    if (op != Op::kSet && op != Op::kAppend) batch_wants_reply_ = true;
+    if (op != Op::kSet && op != Op::kAppend && op != Op::kQueuePush) {
+      batch_wants_reply_ = true;
+    }
+    return batch_from_.back();
   }
 
   // Parses and applies requests from the front of `bytes` until one is
@@ -939,6 +1018,8 @@ class TcpStoreServer::Loop {
       case Op::kAdd:
       case Op::kCompareSet:
       case Op::kDeleteKey:
+      case Op::kQueuePush:
+      case Op::kQueuePop:
         return;
       default:
         return Observe(op, read_ns_, TcpStoreOutcome::kOk);
@@ -961,24 +1042,45 @@ class TcpStoreServer::Loop {
       Close(c, absl::StrCat(OpName(r.op), " refused: ", s.message()), false);
       return;
     }
+    if (c.woken_keys != nullptr) {
+      // After a WAIT, a client pops the queue that ended it; anything else
+      // means it will not, and the push's wake-up goes to another waiter.
+      if (r.op == Op::kQueuePop &&
+          std::find(c.woken_keys->begin(), c.woken_keys->end(), r.key) !=
+              c.woken_keys->end()) {
+        c.woken_keys = nullptr;
+      } else {
+        PassWakes(c);
+      }
+    }
     switch (r.op) {
       case Op::kSet:
-        return Queue(c, r.op,
-                     {.kind = Kind::kSet, .key = r.key, .value = r.value});
+        Queue(c, r.op, {.kind = Kind::kSet, .key = r.key, .value = r.value});
+        return;
       case Op::kAppend:
-        return Queue(c, r.op,
-                     {.kind = Kind::kAppend, .key = r.key, .value = r.value});
+        Queue(c, r.op, {.kind = Kind::kAppend, .key = r.key, .value = r.value});
+        return;
       case Op::kAdd:
-        return Queue(c, r.op,
-                     {.kind = Kind::kAdd, .key = r.key, .delta = r.number});
+        Queue(c, r.op, {.kind = Kind::kAdd, .key = r.key, .delta = r.number});
+        return;
       case Op::kCompareSet:
-        return Queue(c, r.op,
-                     {.kind = Kind::kCompareSet,
-                      .key = r.key,
-                      .value = r.value,
-                      .expected = r.expected});
+        Queue(c, r.op,
+              {.kind = Kind::kCompareSet,
+               .key = r.key,
+               .value = r.value,
+               .expected = r.expected});
+        return;
       case Op::kDeleteKey:
-        return Queue(c, r.op, {.kind = Kind::kDelete, .key = r.key});
+        Queue(c, r.op, {.kind = Kind::kDelete, .key = r.key});
+        return;
+      case Op::kQueuePush:
+        return QueuePush(c, r);
+      case Op::kQueuePop:
+        // Committed with the batch, like a write (it is one); its reply
+        // follows those of the changes before it.
+        Queue(c, r.op, {.kind = Kind::kQueuePop, .key = r.key});
+        ++c.batched_pops;
+        return;
       default:
         break;
     }
@@ -996,6 +1098,8 @@ class TcpStoreServer::Loop {
       case Op::kAdd:
       case Op::kCompareSet:
       case Op::kDeleteKey:
+      case Op::kQueuePush:
+      case Op::kQueuePop:
         return;
       case Op::kValidate:
         if (r.word != tcpstore::kValidateMagic) {
@@ -1032,16 +1136,18 @@ class TcpStoreServer::Loop {
         return;
       }
       case Op::kCheck: {
-        absl::StatusOr<bool> all = AllExist(r.keys);
-        if (!all.ok()) return fail("CHECK", all.status());
-        reply.U8(static_cast<uint8_t>(*all ? CheckReply::kReady
-                                           : CheckReply::kNotReady));
+        // A key whose queue holds items exists too, as on torch's server.
+        auto s = store_->CheckKeysOrQueues(Strings(r.keys));
+        if (!s.ok()) return fail("CHECK", s.status());
+        reply.U8(static_cast<uint8_t>(s->all_exist ? CheckReply::kReady
+                                                   : CheckReply::kNotReady));
         return;
       }
       case Op::kWait:
         StartWait(c, r.keys);
         return;
       case Op::kNumKeys: {
+        // (Queue items are not counted: KvStore::NumKeys.)
         auto s = store_->NumKeys(c.name_space);
         if (!s.ok()) return fail("GETNUMKEYS", s.status());
         reply.I64(s->num_keys);
@@ -1065,6 +1171,7 @@ class TcpStoreServer::Loop {
           auto page = store_->ListKeys(c.name_space, 0, token);
           if (!page.ok()) return fail("LIST_KEYS", page.status());
           for (std::string& k : page->keys) {
+            if (absl::StartsWith(k, store::kQueuePrefix)) continue;
             k.erase(0, c.name_space.size());
             keys.push_back(std::move(k));
           }
@@ -1084,46 +1191,10 @@ class TcpStoreServer::Loop {
         }
         return;
       }
-      case Op::kQueuePush: {
-        if (queue_bytes_ + r.value.size() > options_.max_queue_bytes_total) {
-          return OverQuota(c, r.op,
-                           absl::ResourceExhaustedError(absl::StrCat(
-                               "the queues hold ", queue_bytes_, " bytes, and ",
-                               r.value.size(),
-                               " more would pass "
-                               "--tcpstore_max_queue_bytes=",
-                               options_.max_queue_bytes_total,
-                               ": pop what the queues hold first")));
-        }
-        if (absl::Status s = Charge(c, Quota::kQueueBytes, r.value.size());
-            !s.ok()) {
-          return OverQuota(c, r.op, s);
-        }
-        queue_bytes_ += r.value.size();
-        queue_bytes_reported_.store(queue_bytes_, std::memory_order_relaxed);
-        queues_[r.key].push_back(
-            {.value = std::string(r.value), .owner = c.owner});
-        WakeQueueWaiter(std::string(r.key));
-        return;
-      }
-      case Op::kQueuePop: {
-        auto it = queues_.find(r.key);
-        const int64_t size = it == queues_.end() ? 0 : it->second.size();
-        reply.I64(size);
-        if (size > 0) {
-          QueueItem& front = it->second.front();
-          reply.Bytes(front.value);
-          Uncharge(front.owner, Quota::kQueueBytes, front.value.size());
-          queue_bytes_ -= front.value.size();
-          queue_bytes_reported_.store(queue_bytes_, std::memory_order_relaxed);
-          it->second.pop_front();
-          if (it->second.empty()) queues_.erase(it);
-        }
-        return;
-      }
       case Op::kQueueLen: {
-        auto it = queues_.find(r.key);
-        reply.I64(it == queues_.end() ? 0 : it->second.size());
+        auto s = store_->QueueLen(r.key);
+        if (!s.ok()) return fail("QUEUE_LEN", s.status());
+        reply.I64(*s);
         return;
       }
       case Op::kWatchKey:
@@ -1135,59 +1206,79 @@ class TcpStoreServer::Loop {
     }
   }
 
-  bool QueueNonEmpty(absl::string_view key) const {
-    auto it = queues_.find(key);
-    return it != queues_.end() && !it->second.empty();
+  // Queues the push, once the limits allow it: all queues together hold at
+  // most max_queue_bytes_total (counted by the store, so items kept over a
+  // restart count too), each owner at most its quota.
+  void QueuePush(Conn& c, const Request& r) {
+    const uint64_t held = store_->queue_stats().bytes + batch_push_bytes_;
+    if (held + r.value.size() > options_.max_queue_bytes_total) {
+      return OverQuota(
+          c, r.op,
+          absl::ResourceExhaustedError(absl::StrCat(
+              "the queues hold ", held, " bytes, and ", r.value.size(),
+              " more would pass --tcpstore_max_queue_bytes=",
+              options_.max_queue_bytes_total,
+              ": pop what the queues hold first")));
+    }
+    if (absl::Status s = Charge(c, Quota::kQueueBytes, r.value.size());
+        !s.ok()) {
+      return OverQuota(c, r.op, s);
+    }
+    Queued& q = Queue(c, r.op,
+                      {.kind = store::Change::Kind::kQueuePush,
+                       .key = r.key,
+                       .value = r.value});
+    q.owner = c.owner;
+    q.charged = r.value.size();
+    batch_push_bytes_ += r.value.size();
   }
 
-  // Whether every key exists, counting a non-empty queue as existing.
-  absl::StatusOr<bool> AllExist(const std::vector<absl::string_view>& keys) {
-    std::vector<std::string> in_store;
-    for (absl::string_view k : keys) {
-      if (!QueueNonEmpty(k)) in_store.emplace_back(k);
-    }
-    if (in_store.empty()) return true;
-    auto s = store_->Check(in_store);
-    if (!s.ok()) return s.status();
-    return s->all_exist;
+  // Passes on the wake-ups of the connection's last WAIT, which it will not
+  // follow with a QUEUE_POP (see KvStore::PassQueueWakes).
+  void PassWakes(Conn& c) {
+    if (c.woken_keys == nullptr) return;
+    store_->PassQueueWakes(*std::exchange(c.woken_keys, nullptr));
   }
 
   void StopWaiting(Conn& c) {
     Encoder(&c.out).U8(static_cast<uint8_t>(WaitReply::kStopWaiting));
   }
 
+  // A key whose queue holds items counts as present, and a push ends one
+  // WAIT only (KvStore::WaitForKeysOrQueues): torch's blocking queue_pop
+  // is a WAIT, then a QUEUE_POP.
   void StartWait(Conn& c, const std::vector<absl::string_view>& keys) {
-    std::vector<std::string> missing;
-    for (absl::string_view k : keys) {
-      if (!QueueNonEmpty(k)) missing.emplace_back(k);
+    std::vector<std::string> waited = Strings(keys);
+    auto s = store_->CheckKeysOrQueues(waited);
+    if (!s.ok()) {
+      Close(c, absl::StrCat("WAIT failed: ", s.status().message()), false);
+      return;
     }
-    if (!missing.empty()) {
-      auto s = store_->Check(missing);
-      if (!s.ok()) {
-        Close(c, absl::StrCat("WAIT failed: ", s.status().message()), false);
-        return;
-      }
-      if (s->all_exist) missing.clear();
-    }
-    if (missing.empty()) {
+    if (s->all_exist) {
       StopWaiting(c);
       return;
     }
-    if (!ChargeWait(c, Op::kWait, missing.size())) return;
+    if (!ChargeWait(c, Op::kWait, waited.size())) return;
     c.block = Block::kWait;
     ++blocked_;
     const uint64_t id = c.id;
     const uint64_t seq = ++c.seq;
+    std::shared_ptr<const std::vector<std::string>> queues;
     if (*c.dialect == Dialect::kTorch21) {
-      // A QUEUE_PUSH to one of the keys may end the wait instead.
-      for (const std::string& k : missing) queue_waiters_[k].insert(id);
-      c.wait_keys = missing;
+      // (1.13 has no queues.)
+      queues = std::make_shared<const std::vector<std::string>>(waited);
+      c.wait_keys = queues;
     }
-    c.wait_id = store_->WaitForKeys(
-        std::move(missing), /*read_values=*/false, absl::InfiniteDuration(),
-        [this, id, seq](absl::StatusOr<store::ReadResult> result) {
-          Post([this, id, seq, status = result.status()] {
-            if (Conn* c = Find(id); c != nullptr) Complete(*c, seq, status);
+    c.wait_id = store_->WaitForKeysOrQueues(
+        std::move(waited), absl::InfiniteDuration(),
+        [this, id, seq, queues](absl::StatusOr<store::ReadResult> result) {
+          const bool push = result.ok() && result->queue_wake;
+          Post([this, id, seq, queues, push, status = result.status()] {
+            Conn* c = Find(id);
+            if (c != nullptr && Complete(*c, seq, status, push)) return;
+            // Ended by a push for a client that is gone or no longer
+            // waits: another waiter must get the item.
+            if (push && queues != nullptr) store_->PassQueueWakes(*queues);
           });
         });
   }
@@ -1281,41 +1372,21 @@ class TcpStoreServer::Loop {
 
   // Ends the connection's blocked request with STOP_WAITING (or closes it
   // with the store's error), then carries on with what it sent since.
-  void Complete(Conn& c, uint64_t seq, const absl::Status& status) {
-    if (c.closing || c.block == Block::kNone || c.seq != seq) return;
+  // Whether it was still waiting for this. `push`: a WAIT ended by a push,
+  // whose item the client is expected to pop.
+  bool Complete(Conn& c, uint64_t seq, const absl::Status& status,
+                bool push = false) {
+    if (c.closing || c.block == Block::kNone || c.seq != seq) return false;
     if (!status.ok()) {
       ClearBlock(c, TcpStoreOutcome::kFailed);
       Close(c, absl::StrCat("wait ended: ", status.message()), false);
-      return;
+      return true;
     }
+    if (push) c.woken_keys = c.wait_keys;
     ClearBlock(c, TcpStoreOutcome::kOk);
     StopWaiting(c);
     MarkReady(c);
-  }
-
-  void WakeQueueWaiter(const std::string& key) {
-    auto it = queue_waiters_.find(key);
-    if (it == queue_waiters_.end()) return;
-    // One waiter per push: the one that pops it.
-    while (it != queue_waiters_.end() && !it->second.empty()) {
-      const uint64_t id = *it->second.begin();
-      it->second.erase(it->second.begin());
-      Conn* c = Find(id);
-      if (c == nullptr || c->block != Block::kWait) continue;
-      std::vector<absl::string_view> keys(c->wait_keys.begin(),
-                                          c->wait_keys.end());
-      absl::StatusOr<bool> all = AllExist(keys);
-      if (all.ok() && *all) {
-        store_->CancelWait(c->wait_id);
-        Complete(*c, c->seq, absl::OkStatus());
-        break;
-      }
-      it = queue_waiters_.find(key);
-    }
-    it = queue_waiters_.find(key);
-    if (it != queue_waiters_.end() && it->second.empty()) {
-      queue_waiters_.erase(it);
-    }
+    return true;
   }
 
   // Forgets the connection's blocked request, wherever it is indexed; it
@@ -1328,13 +1399,7 @@ class TcpStoreServer::Loop {
     Uncharge(c.owner, Quota::kWaitedKeys, c.charged_wait_keys);
     c.charged_wait_keys = 0;
     if (c.block == Block::kWait) {
-      for (const std::string& k : c.wait_keys) {
-        auto it = queue_waiters_.find(k);
-        if (it == queue_waiters_.end()) continue;
-        it->second.erase(c.id);
-        if (it->second.empty()) queue_waiters_.erase(it);
-      }
-      c.wait_keys.clear();
+      c.wait_keys = nullptr;
       c.wait_id = 0;
     } else {
       auto it = barriers_.find(c.barrier_key);
@@ -1428,15 +1493,13 @@ class TcpStoreServer::Loop {
   std::string read_buffer_;
   uint64_t next_conn_id_ = 1;
   absl::flat_hash_map<uint64_t, Conn*> conns_;
-  absl::flat_hash_map<std::string, std::deque<QueueItem>> queues_;
-  size_t queue_bytes_ = 0;
+  // The owners charged for queue items not yet popped, by item key.
+  absl::flat_hash_map<std::string, ItemOwner> item_owners_;
   // Replies queued for all connections (each one's `counted`).
   size_t unsent_total_ = 0;
   // The connections holding replies the kernel would not take, by bytes
   // held: the slow readers CloseSlowReaders closes first.
   std::set<std::pair<size_t, uint64_t>> stalled_;
-  absl::flat_hash_map<std::string, absl::flat_hash_set<uint64_t>>
-      queue_waiters_;
   absl::flat_hash_map<std::string, Barrier> barriers_;
   std::vector<std::function<void()>> local_;
   std::vector<uint64_t> ready_;
@@ -1452,14 +1515,10 @@ class TcpStoreServer::Loop {
   static constexpr size_t kMaxBatchBytes = 4 << 20;
   static constexpr int64_t kMaxBatchDelayNs = 200'000;
   std::vector<store::Change> batch_;
-  struct Queued {
-    uint64_t conn = 0;
-    Op op = Op::kSet;
-    int64_t read_ns = 0;  // For on_query.
-  };
   std::vector<Queued> batch_from_;
   std::deque<std::string> batch_strings_;
   size_t batch_bytes_ = 0;
+  size_t batch_push_bytes_ = 0;  // Of QUEUE_PUSHes in the batch.
   bool batch_wants_reply_ = false;
   int64_t batch_since_ns_ = 0;
   base::LogLimiter log_;
@@ -1478,7 +1537,6 @@ class TcpStoreServer::Loop {
   std::atomic<uint64_t> requests_{0};
   std::atomic<size_t> unsent_total_reported_{0};
   std::atomic<size_t> peak_unsent_{0};
-  std::atomic<size_t> queue_bytes_reported_{0};
   std::atomic<uint64_t> closed_slow_readers_{0};
   std::atomic<uint64_t> refused_quota_{0};
   std::atomic<uint64_t> refused_no_budget_{0};

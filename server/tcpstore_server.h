@@ -30,8 +30,10 @@
 // Quotas (server/quota.h): each connection is charged to an owner (its
 // token's tenant, or the connection itself without a token): one
 // connection, a parked WAIT or BARRIER and its keys, the bytes it pushes to
-// queues (given back when popped). A request over a quota closes its
-// connection, with a log line naming the quota and its flag.
+// queues (given back when popped through this listener; items kept over a
+// restart, or pushed through another replica, are charged to nobody). A
+// request over a quota closes its connection, with a log line naming the
+// quota and its flag.
 //
 // A connection may open with cohort's namespace hello (proto/tcpstore/
 // wire.h), as cohortrun's node proxy does for its workers. Every key of
@@ -43,8 +45,20 @@
 // counts towards the store's key limit. A bad hello closes the connection
 // like other bad input.
 //
-// Queues (QUEUE_PUSH/POP/LEN, PyTorch 2.4+) live in memory: they are not
-// in the KvStore, not durable and not visible to gRPC.
+// Queues (QUEUE_PUSH/POP/LEN, PyTorch 2.4+) are the KvStore's
+// (KvStore::QueuePush): each item is an entry under "/cohort/queues/"
+// (store/queue_keys.h), so queues are as durable as other keys in every
+// engine, and readable through gRPC there. A push is committed like a SET,
+// before anything after it is answered; a pop like any write, before its
+// reply. As on torch's own server: QUEUE_LEN of a queue that never held
+// items is 0; CHECK and WAIT count a key whose queue holds items as
+// present, and a push ends one WAIT only (torch's blocking queue_pop is a
+// WAIT, then a QUEUE_POP), the oldest; GETNUMKEYS and LIST_KEYS leave
+// queues out. A client woken by a push that does not go on to pop (its
+// connection closes, or it cancels the wait as the push arrives) passes
+// the wake-up on to the next waiter, so the item does not sit unclaimed
+// while others wait; a QUEUE_POP is not applied at all if its connection
+// closes before the commit.
 #ifndef COHORT_SERVER_TCPSTORE_SERVER_H_
 #define COHORT_SERVER_TCPSTORE_SERVER_H_
 
@@ -105,7 +119,9 @@ struct TcpStoreServerOptions {
   // readers are paused and closed (see above).
   size_t max_unsent_bytes_total = 256 << 20;
   // Bytes in all queues together (QUEUE_PUSH) past which a push closes its
-  // connection; each owner's share is bounded by its quota.
+  // connection, as the store counts them (items kept over a restart, or
+  // pushed through another replica, included); each owner's share is
+  // bounded by its quota.
   size_t max_queue_bytes_total = 1 << 30;
   // Per-owner quotas. Not owned; null: none.
   Quotas* quotas = nullptr;
@@ -154,7 +170,7 @@ struct TcpStoreServerStats {
   uint64_t requests = 0;
   size_t unsent_bytes = 0;           // Replies queued for all connections now.
   size_t peak_unsent_bytes = 0;      // The most unsent_bytes has been.
-  size_t queue_bytes = 0;            // In QUEUE_PUSH queues now.
+  size_t queue_bytes = 0;            // In the store's queues now.
   uint64_t closed_slow_readers = 0;  // Closed to keep unsent_bytes bounded.
   uint64_t refused_quota = 0;        // Connections closed over a quota.
   uint64_t refused_no_budget = 0;    // Closed at accept: max_connections.

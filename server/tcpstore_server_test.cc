@@ -28,6 +28,7 @@
 #include "server/quota.h"
 #include "store/kv_engine.h"
 #include "store/kv_store.h"
+#include "store/queue_keys.h"
 
 namespace cohort::server {
 namespace {
@@ -487,6 +488,109 @@ TEST_F(TcpStoreServerTest, QueuesPushPopAndWakeOneWaiter) {
   other.Send(d, Q(Op::kQueuePop, "/q"));
   EXPECT_EQ(other.I64(), 2);
   EXPECT_EQ(other.Bytes(), "job2");
+}
+
+TEST_F(TcpStoreServerTest, QueueItemsAreStoreKeysThatTorchsQueriesLeaveOut) {
+  const Dialect d = Dialect::kTorch21;
+  auto w = Validated();
+  w->Send(d, Q(Op::kQueuePush, "/q", "a"));
+  w->Send(d, Q(Op::kQueuePush, "/q", "b"));
+  w->Send(d, Q(Op::kQueueLen, "/q"));
+  EXPECT_EQ(w->I64(), 2);
+  // In the store, where gRPC reads them: one key per item, in push order.
+  auto items = store_->ListKeys(store::QueueItemPrefix("/q"), 0, "");
+  ASSERT_TRUE(items.ok()) << items.status();
+  ASSERT_EQ(items->keys.size(), 2u);
+  EXPECT_EQ(*store_->TryGet(items->keys[0]), std::optional<std::string>("a"));
+  EXPECT_EQ(*store_->TryGet(items->keys[1]), std::optional<std::string>("b"));
+  // Queues are not keys to GETNUMKEYS, LIST_KEYS and GET.
+  w->Send(d, Q(Op::kSet, "/k", "v"));
+  w->Send(d, Q(Op::kNumKeys));
+  EXPECT_EQ(w->I64(), 1);
+  w->Send(d, Q(Op::kListKeys));
+  EXPECT_EQ(w->I64(), 1);
+  EXPECT_EQ(w->Bytes(), "/k");
+  w->Send(d, Q(Op::kGet, "/q"));
+  EXPECT_EQ(w->Bytes(), "");
+  // A push through the store (another replica's, say) queues behind.
+  ASSERT_TRUE(store_->QueuePush("/q", "c").ok());
+  for (const char* want : {"a", "b", "c"}) {
+    w->Send(d, Q(Op::kQueuePop, "/q"));
+    EXPECT_GT(w->I64().value_or(0), 0);
+    EXPECT_EQ(w->Bytes(), want);
+  }
+  w->Send(d, Q(Op::kQueuePop, "/q"));
+  EXPECT_EQ(w->I64(), 0);
+  EXPECT_EQ(store_->queue_stats().items, 0);
+  // A namespaced connection's queue is the namespace's.
+  auto ns = InNamespace("/job/a/");
+  ns->Send(d, Q(Op::kQueuePush, "/q", "mine"));
+  ns->Send(d, Q(Op::kQueueLen, "/q"));
+  EXPECT_EQ(ns->I64(), 1);
+  EXPECT_EQ(store_->QueueLen("/job/a//q").value_or(-1), 1);
+  EXPECT_EQ(store_->QueueLen("/q").value_or(-1), 0);
+  EXPECT_FALSE(LogMentions("closing"));
+}
+
+TEST_F(TcpStoreServerTest, AWokenPopperThatLeavesPassesTheItemOn) {
+  const Dialect d = Dialect::kTorch21;
+  auto producer = Validated();
+  std::unique_ptr<Wire> a = Validated();
+  std::unique_ptr<Wire> b = Validated();
+  a->Send(d, Keys(Op::kWait, {"/q"}));
+  b->Send(d, Keys(Op::kWait, {"/q"}));
+  ASSERT_TRUE(Blocked(2)) << "the two WAITs never blocked";
+  producer->Send(d, Q(Op::kQueuePush, "/q", "job"));
+  struct pollfd woke[2] = {{a->fd(), POLLIN, 0}, {b->fd(), POLLIN, 0}};
+  ASSERT_GT(poll(woke, 2, 30000), 0) << "the push woke neither waiter";
+  const bool a_woke = (woke[0].revents & POLLIN) != 0;
+  std::unique_ptr<Wire>& woken = a_woke ? a : b;
+  std::unique_ptr<Wire>& other = a_woke ? b : a;
+  EXPECT_TRUE(other->Silent()) << "one push woke both waiters";
+  // The woken client goes without popping: the item is still queued, and
+  // the other waiter is woken for it.
+  woken.reset();
+  EXPECT_EQ(other->U8(), kStopWaiting);
+  other->Send(d, Q(Op::kQueuePop, "/q"));
+  EXPECT_EQ(other->I64(), 1);
+  EXPECT_EQ(other->Bytes(), "job");
+
+  // Likewise a client whose wait timed out as the push woke it: its
+  // CANCEL_WAIT comes after the STOP_WAITING.
+  std::unique_ptr<Wire> c = Validated();
+  c->Send(d, Keys(Op::kWait, {"/q"}));
+  other->Send(d, Keys(Op::kWait, {"/q"}));
+  ASSERT_TRUE(Blocked(2));
+  producer->Send(d, Q(Op::kQueuePush, "/q", "job2"));
+  struct pollfd woke2[2] = {{c->fd(), POLLIN, 0}, {other->fd(), POLLIN, 0}};
+  ASSERT_GT(poll(woke2, 2, 30000), 0) << "the push woke neither waiter";
+  Wire& first = (woke2[0].revents & POLLIN) != 0 ? *c : *other;
+  Wire& second = &first == c.get() ? *other : *c;
+  EXPECT_EQ(first.U8(), kStopWaiting);
+  first.Send(d, Q(Op::kCancelWait));
+  EXPECT_EQ(first.U8(), kWaitCanceled);
+  EXPECT_EQ(second.U8(), kStopWaiting);
+  second.Send(d, Q(Op::kQueuePop, "/q"));
+  EXPECT_EQ(second.I64(), 1);
+  EXPECT_EQ(second.Bytes(), "job2");
+}
+
+TEST_F(TcpStoreServerTest,
+       APopWhoseConnectionClosesBeforeItsCommitTakesNothing) {
+  const Dialect d = Dialect::kTorch21;
+  ASSERT_TRUE(store_->QueuePush("/q", "kept").ok());
+  auto w = Validated();
+  // One write: the pop, then bytes that close the connection in the same
+  // pass, before the pop is committed.
+  std::string bytes;
+  tcpstore::EncodeRequest(d, Q(Op::kQueuePop, "/q"), &bytes);
+  bytes.push_back(static_cast<char>(0x7f));
+  w->Send(bytes);
+  EXPECT_TRUE(w->Closed());
+  auto other = Validated();
+  other->Send(d, Q(Op::kQueuePop, "/q"));
+  EXPECT_EQ(other->I64(), 1);
+  EXPECT_EQ(other->Bytes(), "kept");
 }
 
 TEST_F(TcpStoreServerTest, Torch113DialectAndWatchKeyRefusal) {
@@ -1230,6 +1334,31 @@ TEST(TcpStoreQuotaTest, QueuesAndWaitsAreChargedToTheirOwner) {
       Eventually([&] { return quotas.Used("a", Quota::kConnections) == 2; }));
   auto a7 = as("a-token-0123456789");
   EXPECT_EQ(quotas.Used("a", Quota::kConnections), 3u);
+}
+
+TEST(TcpStoreQuotaTest, TheQueueBoundCountsWhatTheStoreHolds) {
+  store::KvStore store(store::NewMemoryEngine(), store::StoreLimits());
+  // Items the listener did not push (kept over a restart, or pushed
+  // through another replica) count towards the bound too.
+  ASSERT_TRUE(store.QueuePush("/q", std::string(90, 'x')).ok());
+  auto log = std::make_shared<std::vector<std::string>>();
+  auto mu = std::make_shared<absl::Mutex>();
+  auto server = StartWith(&store, {.max_queue_bytes_total = 100}, log, mu);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ((*server)->stats().queue_bytes, 90u);
+  Wire w((*server)->port());
+  ASSERT_TRUE(Pings(w));
+  w.Send(Dialect::kTorch21, Q(Op::kQueuePush, "/r", std::string(20, 'y')));
+  EXPECT_TRUE(w.Closed());
+  EXPECT_TRUE(Mentions(*log, *mu, "--tcpstore_max_queue_bytes=100", "pop"));
+  Wire v((*server)->port());
+  ASSERT_TRUE(Pings(v));
+  v.Send(Dialect::kTorch21, Q(Op::kQueuePop, "/q"));
+  EXPECT_EQ(v.I64(), 1);
+  EXPECT_EQ(v.Bytes(), std::string(90, 'x'));
+  v.Send(Dialect::kTorch21, Q(Op::kQueuePush, "/r", std::string(20, 'y')));
+  ASSERT_TRUE(Pings(v));
+  EXPECT_EQ(store.QueueLen("/r").value_or(-1), 1);
 }
 
 TEST_F(TcpStoreServerTest, StopEndsBlockedConnections) {

@@ -1,6 +1,9 @@
 #include "store/kv_store.h"
 
 #include <algorithm>
+#include <deque>
+#include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -24,6 +27,10 @@ struct KvStore::Waiter {
   // Set while WaitForKeys is still indexing the keys, slice by slice: the
   // waiter may not complete before every key has been looked at.
   bool registering = false;
+  // WaitForKeysOrQueues: a key whose queue holds items counts as present.
+  bool queues = false;
+  // Being completed by a push (ReadResult::queue_wake).
+  bool queue_wake = false;
 };
 
 struct KvStore::ShareState {
@@ -210,6 +217,10 @@ KvStore::KvStore(std::unique_ptr<KvEngine> engine, StoreLimits limits)
   revision_ = engine_->revision();
   last_delete_revision_ = revision_;
   compacted_revision_ = revision_;
+  {
+    absl::MutexLock lock(&mu_);
+    queue_load_ = LoadQueuesLocked();
+  }
   if (engine_->shared()) {
     shared_ = engine_.get();
     loaded_revision_ = revision_;
@@ -254,6 +265,8 @@ absl::StatusOr<int64_t> KvStore::CommitLocked(std::vector<Mutation> mutations,
 
 void KvStore::PublishLocked(int64_t revision, std::vector<Mutation> mutations,
                             Deferred& deferred) {
+  std::vector<std::string> pushed;
+  IndexQueuesLocked(mutations, pushed);
   std::vector<Event> events;
   events.reserve(mutations.size());
   for (Mutation& m : mutations) {
@@ -283,6 +296,10 @@ void KvStore::PublishLocked(int64_t revision, std::vector<Mutation> mutations,
   for (const Event& e : events) {
     if (e.type == Event::Type::kPut) WakeWaitersLocked(e.key, deferred);
     history_bytes_ += EventBytes(e);
+  }
+  // One wait per push: the one whose client pops the item.
+  for (const std::string& queue : pushed) {
+    WakeQueueWaiterLocked(queue, deferred);
   }
   for (Event& e : events) history_.push_back(std::move(e));
   TrimHistoryLocked();
@@ -391,11 +408,64 @@ void KvStore::WakeWaitersLocked(absl::string_view key, Deferred& deferred) {
   if (it == waiters_by_key_.end()) return;
   absl::flat_hash_set<WaitId> ids = std::move(it->second);
   waiters_by_key_.erase(it);
+  auto queued = queue_waiters_.find(key);
   for (WaitId id : ids) {
     auto w = waiters_.find(id);
     if (w == waiters_.end()) continue;
+    if (w->second->queues && queued != queue_waiters_.end()) {
+      queued->second.erase(id);
+    }
     if (--w->second->missing > 0 || w->second->registering) continue;
     if (TryCompleteLocked(w->second, deferred)) waiters_.erase(w);
+  }
+  queued = queue_waiters_.find(key);
+  if (queued != queue_waiters_.end() && queued->second.empty()) {
+    queue_waiters_.erase(queued);
+  }
+}
+
+void KvStore::WakeQueueWaiterLocked(absl::string_view queue,
+                                    Deferred& deferred) {
+  auto it = queue_waiters_.find(queue);
+  if (it == queue_waiters_.end() || QueueLengthLocked(queue) == 0) return;
+  std::set<WaitId>& ids = it->second;
+  while (!ids.empty()) {
+    const WaitId id = *ids.begin();
+    ids.erase(ids.begin());
+    auto w = waiters_.find(id);
+    if (w == waiters_.end()) continue;
+    // From now on the queue counts as present for this wait, as a key
+    // that was set does.
+    if (auto k = waiters_by_key_.find(queue); k != waiters_by_key_.end()) {
+      k->second.erase(id);
+      if (k->second.empty()) waiters_by_key_.erase(k);
+    }
+    // One that misses other keys too takes no wake-up: the next wait may.
+    if (--w->second->missing > 0 || w->second->registering) continue;
+    w->second->queue_wake = true;
+    if (TryCompleteLocked(w->second, deferred)) {
+      waiters_.erase(w);
+      break;
+    }
+    w->second->queue_wake = false;
+  }
+  // Still valid: queue_waiters_ is a std::map, and nothing above erased
+  // this entry.
+  if (ids.empty()) queue_waiters_.erase(it);
+}
+
+bool KvStore::PresentLocked(absl::string_view key, bool queues) const {
+  return engine_->Contains(key) || (queues && QueueLengthLocked(key) > 0);
+}
+
+void KvStore::IndexWaiterLocked(absl::string_view key, const Waiter& waiter) {
+  waiters_by_key_[key].insert(waiter.id);
+  if (waiter.queues) {
+    auto it = queue_waiters_.find(key);
+    if (it == queue_waiters_.end()) {
+      it = queue_waiters_.emplace(std::string(key), std::set<WaitId>()).first;
+    }
+    it->second.insert(waiter.id);
   }
 }
 
@@ -405,25 +475,25 @@ bool KvStore::TryCompleteLocked(std::unique_ptr<Waiter>& waiter,
     // A key may have been deleted after it was seen: look again.
     std::vector<absl::string_view> missing;
     for (const std::string& key : waiter->keys) {
-      if (!engine_->Contains(key)) missing.push_back(key);
+      if (!PresentLocked(key, waiter->queues)) missing.push_back(key);
     }
     waiter->checked_at = revision_;
     if (!missing.empty()) {
       absl::flat_hash_set<absl::string_view> distinct(missing.begin(),
                                                       missing.end());
       waiter->missing = distinct.size();
-      for (absl::string_view key : distinct) {
-        waiters_by_key_[key].insert(waiter->id);
-      }
+      for (absl::string_view key : distinct) IndexWaiterLocked(key, *waiter);
       return false;
     }
   }
   if (waiter->timer != 0) timer_.Cancel(waiter->timer);
   const int64_t revision = revision_;
   if (!waiter->read_values) {
-    deferred.push_back([done = std::move(waiter->done), revision] {
+    deferred.push_back([done = std::move(waiter->done), revision,
+                        queue_wake = waiter->queue_wake] {
       ReadResult result;
       result.revision = revision;
+      result.queue_wake = queue_wake;
       done(std::move(result));
     });
     return true;
@@ -449,6 +519,11 @@ void KvStore::UnindexWaiterLocked(const Waiter& waiter) {
     if (it == waiters_by_key_.end()) continue;
     it->second.erase(waiter.id);
     if (it->second.empty()) waiters_by_key_.erase(it);
+    if (!waiter.queues) continue;
+    auto q = queue_waiters_.find(key);
+    if (q == queue_waiters_.end()) continue;
+    q->second.erase(waiter.id);
+    if (q->second.empty()) queue_waiters_.erase(q);
   }
 }
 
@@ -571,15 +646,115 @@ void KvStore::PlanLocked(absl::Span<const Change> changes,
       if (!last) now[key] = std::move(value);
       return absl::OkStatus();
     };
+    // The queues as the batch leaves them, by name.
+    struct QueuePlan {
+      // The engine's items the batch has not popped: from `next`, `left`.
+      std::map<int64_t, uint64_t>::const_iterator next;
+      size_t left = 0;
+      // Items the batch pushed and has not popped: numbers and values.
+      std::deque<std::pair<int64_t, absl::string_view>> pushed;
+      int64_t last_seq = 0;
+    };
+    absl::flat_hash_map<absl::string_view, QueuePlan> queues;
+    auto plan_of = [&](absl::string_view name) -> QueuePlan& {
+      auto [it, fresh] = queues.try_emplace(name);
+      QueuePlan& plan = it->second;
+      if (!fresh) return plan;
+      // Numbers only grow: past the last item's, and past the revision
+      // (so a queue emptied, or one emptied before a restart, does not
+      // reuse the keys of items long gone).
+      plan.last_seq = std::max(revision_, engine_->revision());
+      if (auto q = queues_.find(name); q != queues_.end()) {
+        plan.next = q->second.items.begin();
+        plan.left = q->second.items.size();
+        plan.last_seq =
+            std::max(plan.last_seq, q->second.items.rbegin()->first);
+      }
+      return plan;
+    };
+    // Writes an item's key: `value`, or nullopt to delete it.
+    auto write_item =
+        [&](size_t i, std::string key,
+            std::optional<absl::string_view> value) -> absl::Status {
+      std::optional<size_t> value_bytes;
+      if (value.has_value()) value_bytes = value->size();
+      if (absl::Status s = shares.Change(key, value_bytes, /*enforce=*/true);
+          !s.ok()) {
+        return s;
+      }
+      if (guards != nullptr) {
+        // A push's key must still be free, a pop's item still there: else
+        // another replica pushed or popped first.
+        guards->push_back(
+            {key, value.has_value() ? 0 : engine_->ModRevision(key)});
+      }
+      Mutation m;
+      m.key = std::move(key);
+      if (value.has_value()) {
+        m.value.assign(value->data(), value->size());
+      } else {
+        m.kind = Mutation::Kind::kDelete;
+      }
+      mutations.push_back(std::move(m));
+      writers.push_back(i);
+      return absl::OkStatus();
+    };
     for (size_t i = 0; i < changes.size(); ++i) {
       const Change& c = changes[i];
       ChangeResult& r = results[i];
       r.status = c10d::CheckKey(rules_, c.key);
       if (r.status.ok() && (c.kind == Change::Kind::kSet ||
-                            c.kind == Change::Kind::kCompareSet)) {
+                            c.kind == Change::Kind::kCompareSet ||
+                            c.kind == Change::Kind::kQueuePush)) {
         r.status = c10d::CheckValue(rules_, c.value);
       }
       if (!r.status.ok()) continue;
+      if (c.kind == Change::Kind::kQueuePush ||
+          c.kind == Change::Kind::kQueuePop) {
+        if (!queue_load_.ok()) {
+          r.status = queue_load_;
+          continue;
+        }
+        QueuePlan& q = plan_of(c.key);
+        if (c.kind == Change::Kind::kQueuePush) {
+          const int64_t seq = q.last_seq + 1;
+          std::string key = QueueItemKey(c.key, seq);
+          r.status = write_item(i, key, c.value);
+          if (!r.status.ok()) continue;
+          q.last_seq = seq;
+          q.pushed.emplace_back(seq, c.value);
+          r.queue_item = std::move(key);
+          continue;
+        }
+        r.number = q.left + q.pushed.size();
+        if (r.number == 0) continue;
+        if (q.left > 0) {
+          std::string key = QueueItemKey(c.key, q.next->first);
+          absl::StatusOr<std::optional<std::string>> value = engine_->Get(key);
+          if (value.ok() && !value->has_value()) {
+            value = absl::InternalError(absl::StrCat(
+                "the queue index names the item '", absl::CHexEscape(key),
+                "', which the engine does not hold"));
+          }
+          if (!value.ok()) {
+            r.status = value.status();
+            r.number = 0;
+            continue;
+          }
+          r.value = std::move(**value);
+          r.queue_item = std::move(key);
+          ++q.next;
+          --q.left;
+        } else {
+          r.value.assign(q.pushed.front().second.data(),
+                         q.pushed.front().second.size());
+          r.queue_item = QueueItemKey(c.key, q.pushed.front().first);
+          q.pushed.pop_front();
+        }
+        // Deletes always pass.
+        write_item(i, r.queue_item, std::nullopt).IgnoreError();
+        continue;
+      }
       if (c.kind == Change::Kind::kSet) {
         r.status = write(i, c.key, std::string(c.value));
         continue;
@@ -637,6 +812,8 @@ void KvStore::PlanLocked(absl::Span<const Change> changes,
         }
         case Change::Kind::kSet:
         case Change::Kind::kDelete:
+        case Change::Kind::kQueuePush:
+        case Change::Kind::kQueuePop:
           break;
       }
     }
@@ -645,6 +822,21 @@ void KvStore::PlanLocked(absl::Span<const Change> changes,
 
 std::vector<ChangeResult> KvStore::ApplyBatchShared(
     absl::Span<const Change> changes) {
+  // A queue is many keys: guards catch another replica's push or pop of
+  // the same item, but only a view that holds every push acknowledged
+  // before this call numbers this one after them.
+  for (const Change& c : changes) {
+    if (c.kind != Change::Kind::kQueuePush &&
+        c.kind != Change::Kind::kQueuePop) {
+      continue;
+    }
+    if (absl::Status s = CatchUp(); !s.ok()) {
+      std::vector<ChangeResult> results(changes.size());
+      for (ChangeResult& r : results) r.status = s;
+      return results;
+    }
+    break;
+  }
   for (int attempt = 1;; ++attempt) {
     std::vector<ChangeResult> results(changes.size());
     std::vector<Mutation> mutations;
@@ -713,6 +905,11 @@ std::vector<ChangeResult> KvStore::ApplyBatch(
 }
 
 absl::StatusOr<CheckResult> KvStore::Check(absl::Span<const std::string> keys) {
+  return CheckPresent(keys, /*queues=*/false);
+}
+
+absl::StatusOr<CheckResult> KvStore::CheckPresent(
+    absl::Span<const std::string> keys, bool queues) {
   if (absl::Status s = c10d::CheckKeys(rules_, keys); !s.ok()) return s;
   if (absl::Status s = CatchUp(); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
@@ -720,7 +917,7 @@ absl::StatusOr<CheckResult> KvStore::Check(absl::Span<const std::string> keys) {
   result.revision = revision_;
   result.all_exist = true;
   for (const std::string& key : keys) {
-    if (!engine_->Contains(key)) {
+    if (!PresentLocked(key, queues)) {
       result.all_exist = false;
       break;
     }
@@ -740,10 +937,21 @@ absl::StatusOr<NumKeysResult> KvStore::NumKeys(absl::string_view prefix) {
   if (absl::Status s = c10d::CheckPrefix(rules_, prefix); !s.ok()) return s;
   if (absl::Status s = CatchUp(); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  if (prefix.empty()) return NumKeysResult{engine_->NumKeys(), revision_};
-  absl::StatusOr<int64_t> n = engine_->CountKeys(prefix);
-  if (!n.ok()) return n.status();
-  return NumKeysResult{*n, revision_};
+  NumKeysResult result;
+  result.revision = revision_;
+  if (prefix.empty()) {
+    result.num_keys = engine_->NumKeys();
+  } else {
+    absl::StatusOr<int64_t> n = engine_->CountKeys(prefix);
+    if (!n.ok()) return n.status();
+    result.num_keys = *n;
+  }
+  if (absl::StartsWith(kQueuePrefix, prefix)) {
+    result.num_keys -= queue_items_;  // All of them lie under `prefix`.
+  } else if (absl::StartsWith(prefix, kQueuePrefix)) {
+    result.num_keys = 0;
+  }
+  return result;
 }
 
 absl::StatusOr<ListResult> KvStore::ListKeys(absl::string_view prefix,
@@ -779,6 +987,13 @@ absl::StatusOr<ListResult> KvStore::ListKeys(absl::string_view prefix,
 KvStore::WaitId KvStore::WaitForKeys(std::vector<std::string> keys,
                                      bool read_values, absl::Duration timeout,
                                      ReadCallback done) {
+  return StartWait(std::move(keys), read_values, /*queues=*/false, timeout,
+                   std::move(done));
+}
+
+KvStore::WaitId KvStore::StartWait(std::vector<std::string> keys,
+                                   bool read_values, bool queues,
+                                   absl::Duration timeout, ReadCallback done) {
   if (absl::Status s = c10d::CheckKeys(rules_, keys); !s.ok()) {
     done(s);
     return 0;
@@ -788,6 +1003,7 @@ KvStore::WaitId KvStore::WaitForKeys(std::vector<std::string> keys,
   auto waiter = std::make_unique<Waiter>();
   waiter->keys = std::move(keys);
   waiter->read_values = read_values;
+  waiter->queues = queues;
   waiter->done = std::move(done);
   waiter->timeout = std::max(timeout, absl::ZeroDuration());
   waiter->registering = true;
@@ -833,8 +1049,8 @@ KvStore::WaitId KvStore::WaitForKeys(std::vector<std::string> keys,
       Waiter& w = *it->second;
       const size_t end = std::min(distinct.size(), begin + kKeysPerSlice);
       for (size_t i = begin; i < end; ++i) {
-        if (!engine_->Contains(distinct[i])) {
-          waiters_by_key_[distinct[i]].insert(id);
+        if (!PresentLocked(distinct[i], w.queues)) {
+          IndexWaiterLocked(distinct[i], w);
           ++w.missing;
         }
       }
@@ -883,6 +1099,12 @@ void KvStore::OnWaitTimeout(WaitId id) {
     const size_t end = std::min(waiter->keys.size(), begin + kKeysPerSlice);
     for (size_t i = begin; i < end; ++i) {
       const std::string& key = waiter->keys[i];
+      if (waiter->queues) {
+        if (auto q = queue_waiters_.find(key); q != queue_waiters_.end()) {
+          q->second.erase(id);
+          if (q->second.empty()) queue_waiters_.erase(q);
+        }
+      }
       auto k = waiters_by_key_.find(key);
       if (k == waiters_by_key_.end() || !k->second.erase(id)) continue;
       if (k->second.empty()) waiters_by_key_.erase(k);
@@ -944,6 +1166,7 @@ void KvStore::Shutdown(absl::Status status) {
     waiters.swap(waiters_);
     watchers.swap(watchers_);
     waiters_by_key_.clear();
+    queue_waiters_.clear();
     for (auto& [id, waiter] : waiters) {
       if (waiter->timer != 0) timer_.Cancel(waiter->timer);
     }

@@ -9,14 +9,22 @@
 // Blocking operations never block a thread: WaitForKeys registers a callback
 // that runs when the keys exist, when its timeout passes (on one shared
 // timer thread) or at Shutdown.
+//
+// It also keeps TCPStore's queues, as entries under kQueuePrefix
+// (queue_keys.h): so they are as durable as every other key in every
+// engine, and visible to whoever reads the store. An index of them is kept
+// in memory, loaded from the engine at start and updated by every change
+// applied (on a shared engine, by any replica).
 #ifndef COHORT_STORE_KV_STORE_H_
 #define COHORT_STORE_KV_STORE_H_
 
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +40,7 @@
 #include "base/deadline_timer.h"
 #include "proto/c10d/rules.h"
 #include "store/kv_engine.h"
+#include "store/queue_keys.h"
 
 namespace cohort::store {
 
@@ -62,6 +71,9 @@ inline constexpr absl::Duration kDefaultTimeout = absl::Seconds(300);
 struct ReadResult {
   std::vector<std::string> values;  // Empty unless values were asked for.
   int64_t revision = 0;
+  // WaitForKeysOrQueues: ended by a push, whose item the waiter's client is
+  // to pop (or pass on: KvStore::PassQueueWakes).
+  bool queue_wake = false;
 };
 
 struct AddResult {
@@ -99,10 +111,19 @@ struct ListResult {
 // One change of a batch (KvStore::ApplyBatch). Strings are read during the
 // call only.
 struct Change {
-  enum class Kind { kSet, kAdd, kCompareSet, kAppend, kDelete };
+  enum class Kind {
+    kSet,
+    kAdd,
+    kCompareSet,
+    kAppend,
+    kDelete,
+    kQueuePush,  // Appends `value` to the queue named `key`.
+    kQueuePop,   // Takes the queue `key`'s oldest item, if it has one.
+  };
   Kind kind = Kind::kSet;
   absl::string_view key;
-  absl::string_view value;     // kSet, kAppend; kCompareSet: desired.
+  // kSet, kAppend, kQueuePush; kCompareSet: desired.
+  absl::string_view value;
   absl::string_view expected;  // kCompareSet.
   int64_t delta = 0;           // kAdd.
 };
@@ -110,10 +131,30 @@ struct Change {
 struct ChangeResult {
   // This change's own failure (the others still apply), or the commit's.
   absl::Status status;
-  // kAdd: the new value; kCompareSet, kDelete: 1 if it wrote.
+  // kAdd: the new value; kCompareSet, kDelete: 1 if it wrote; kQueuePop:
+  // the queue's length before the pop (0: it was empty; nothing popped).
   int64_t number = 0;
-  std::string value;  // kCompareSet: what CompareSet returns.
+  // kCompareSet: what CompareSet returns; kQueuePop: the item popped.
+  std::string value;
+  // kQueuePush, kQueuePop: the item's key (queue_keys.h); empty when
+  // nothing was popped.
+  std::string queue_item;
   int64_t revision = 0;
+};
+
+struct QueuePopResult {
+  // Items in the queue before the pop; 0: it was empty, nothing popped.
+  int64_t length = 0;
+  std::string value;     // The item popped.
+  std::string item_key;  // Its key (queue_keys.h).
+  int64_t revision = 0;
+};
+
+// Every queue together, for limits and monitoring.
+struct QueueStats {
+  int64_t queues = 0;  // Holding items.
+  int64_t items = 0;
+  uint64_t bytes = 0;  // Of the items' values.
 };
 
 struct Event {
@@ -195,10 +236,16 @@ class KvStore {
   // TCPStore listener commits the requests of many connections at once.
   std::vector<ChangeResult> ApplyBatch(absl::Span<const Change> changes);
   absl::StatusOr<CheckResult> Check(absl::Span<const std::string> keys);
+  // TCPStore's CHECK: as Check, but a key whose queue holds items exists too
+  // (torch's server answers so).
+  absl::StatusOr<CheckResult> CheckKeysOrQueues(
+      absl::Span<const std::string> keys);
   // The value of `key` now, or nullopt; never waits.
   absl::StatusOr<std::optional<std::string>> TryGet(absl::string_view key);
   // The number of keys, or of those under `prefix` (counted in time
   // proportional to their number; the TCPStore listener's namespaces).
+  // Queue items are left out: a queue is not a key to c10d's num_keys
+  // (torch's server does not count them either), whichever protocol asks.
   absl::StatusOr<NumKeysResult> NumKeys(absl::string_view prefix = "");
   // page_size 0 means limits().max_list_page.
   absl::StatusOr<ListResult> ListKeys(absl::string_view prefix,
@@ -217,9 +264,43 @@ class KvStore {
   WaitId WaitForKeys(std::vector<std::string> keys, bool read_values,
                      absl::Duration timeout, ReadCallback done);
 
+  // TCPStore's WAIT, on which torch's blocking queue_pop blocks before it
+  // sends QUEUE_POP: as WaitForKeys without values, but a key whose queue
+  // holds items counts as present, and a push completes at most one of the
+  // waits it could complete (the oldest), as torch's server wakes one
+  // waiter per push rather than all. A Set of the key completes them all.
+  // The result's queue_wake says which ended by a push.
+  WaitId WaitForKeysOrQueues(std::vector<std::string> keys,
+                             absl::Duration timeout, ReadCallback done);
+
   // Forgets a pending wait: its `done` is not called after this returns
   // (unless it is already running). Unknown ids are ignored.
   void CancelWait(WaitId id);
+
+  // TCPStore's queues: one FIFO of items per name, kept under kQueuePrefix
+  // (queue_keys.h). Names follow the key rules and items the value rules.
+  // A push or pop is a change like any other (ApplyBatch's kQueuePush and
+  // kQueuePop, which the TCPStore listener batches): it is in the engine's
+  // write-ahead log before the call returns, and its item's key is
+  // reported to watchers. Items keep push order across restarts; on a
+  // shared engine every replica sees every push in the same order.
+  // Appends `value`; returns the revision.
+  absl::StatusOr<int64_t> QueuePush(absl::string_view queue,
+                                    absl::string_view value);
+  // Takes the oldest item, if any; never waits (WaitForKeysOrQueues does).
+  absl::StatusOr<QueuePopResult> QueuePop(absl::string_view queue);
+  // The items in `queue`: 0 when it has none or never had any.
+  absl::StatusOr<int64_t> QueueLen(absl::string_view queue);
+  QueueStats queue_stats() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Passes on the wake-up of a push: for each of `queues` that holds items,
+  // completes the wait that a push to it would complete now. For a wait
+  // that may have been ended by a push but whose client will not pop after
+  // all (it left, or gave up on the wait at the same moment), so that the
+  // item does not sit in its queue while others wait for it. Does nothing
+  // for a queue that is empty or that no wait is pending on.
+  void PassQueueWakes(absl::Span<const std::string> queues)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   struct WatchStart {
     WatchId id = 0;
@@ -285,6 +366,10 @@ class KvStore {
  private:
   struct Waiter;
   struct ShareState;
+  // A queue's items in the engine, by sequence number: their value bytes.
+  struct QueueIndex {
+    std::map<int64_t, uint64_t> items;
+  };
   class ShareTally;
   struct Watcher {
     std::string prefix;
@@ -337,6 +422,32 @@ class KvStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeWaitersLocked(absl::string_view key, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes the oldest queue-counting wait on `queue` that its items now
+  // complete, if it holds any (one per push).
+  void WakeQueueWaiterLocked(absl::string_view queue, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  WaitId StartWait(std::vector<std::string> keys, bool read_values, bool queues,
+                   absl::Duration timeout, ReadCallback done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Check and CheckKeysOrQueues.
+  absl::StatusOr<CheckResult> CheckPresent(absl::Span<const std::string> keys,
+                                           bool queues)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether `key` exists, or (with `queues`) its queue holds items.
+  bool PresentLocked(absl::string_view key, bool queues) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Indexes `waiter` under `key`, which it misses.
+  void IndexWaiterLocked(absl::string_view key, const Waiter& waiter)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t QueueLengthLocked(absl::string_view queue) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Follows `mutations` in the queue index; the queue of each item pushed
+  // goes to `pushed`.
+  void IndexQueuesLocked(absl::Span<const Mutation> mutations,
+                         std::vector<std::string>& pushed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Builds the queue index from the engine's keys under kQueuePrefix.
+  absl::Status LoadQueuesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes `waiter` if all its keys exist, else re-registers the missing
   // ones. Returns whether it completed.
   bool TryCompleteLocked(std::unique_ptr<Waiter>& waiter, Deferred& deferred)
@@ -371,6 +482,17 @@ class KvStore {
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::flat_hash_set<WaitId>> waiters_by_key_
       ABSL_GUARDED_BY(mu_);
+  // The queue-counting waits among those (WaitForKeysOrQueues), oldest
+  // first, by the key they miss. A std::map: waking one may index others.
+  std::map<std::string, std::set<WaitId>, std::less<>> queue_waiters_
+      ABSL_GUARDED_BY(mu_);
+
+  // The queues holding items, by name.
+  absl::flat_hash_map<std::string, QueueIndex> queues_ ABSL_GUARDED_BY(mu_);
+  int64_t queue_items_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t queue_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Why the index could not be loaded at start (queue calls then fail).
+  absl::Status queue_load_ ABSL_GUARDED_BY(mu_);
 
   WatchId next_watch_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<WatchId, Watcher> watchers_ ABSL_GUARDED_BY(mu_);
