@@ -243,6 +243,7 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
          .max_unsent_bytes_total = options.tcpstore_max_unsent_bytes_total,
          .max_queue_bytes_total = options.tcpstore_max_queue_bytes,
          .quotas = server->quotas_.get(),
+         .spin_after_activity = options.tcpstore_spin,
          .allow = options.tcpstore_allow,
          .prefix = options.tcpstore_prefix,
          .authorize = TokenHelloCheck(server->auth_.get()),

@@ -99,6 +99,8 @@ struct ServerOptions {
   // TCPStore queues (TcpStoreServerOptions).
   size_t tcpstore_max_unsent_bytes_total = 256 << 20;
   size_t tcpstore_max_queue_bytes = 1 << 30;
+  // TcpStoreServerOptions::spin_after_activity.
+  absl::Duration tcpstore_spin = absl::Microseconds(50);
   // A connection with no call in flight for this long is closed (the client
   // reconnects on its next call); 0 keeps idle connections forever.
   absl::Duration idle_timeout = absl::Minutes(30);

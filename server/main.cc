@@ -145,9 +145,13 @@ ABSL_FLAG(uint64_t, tcpstore_max_unsent_bytes_total, 256 << 20,
           "only connections with nothing queued are served, and those whose "
           "peers do not read their replies are closed, the largest first");
 ABSL_FLAG(uint64_t, tcpstore_max_queue_bytes, 1 << 30,
-          "bytes in all TCPStore queues (QUEUE_PUSH, in memory) together; a "
-          "push past it closes its connection (each tenant's share is "
-          "bounded by --quota_queue_bytes)");
+          "bytes in all TCPStore queues (QUEUE_PUSH items in the store, those "
+          "kept over a restart included) together; a push past it closes its "
+          "connection (each tenant's share is bounded by --quota_queue_bytes)");
+ABSL_FLAG(absl::Duration, tcpstore_spin, absl::Microseconds(50),
+          "how long the TCPStore loop keeps polling, yielding the CPU between "
+          "polls, after a request instead of sleeping: a request arriving "
+          "then skips a thread wake-up; 0 always sleeps");
 // Quotas: each tenant's share of cohortd (server/quota.h). A tenant is a
 // job: a tokens-file token and every token issued under it; with auth off,
 // one client connection.
@@ -457,6 +461,7 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_tcpstore_max_unsent_bytes_total);
   options.tcpstore_max_queue_bytes =
       absl::GetFlag(FLAGS_tcpstore_max_queue_bytes);
+  options.tcpstore_spin = absl::GetFlag(FLAGS_tcpstore_spin);
   options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);
   options.log = [](absl::string_view line) { Log(std::string(line)); };
   options.store_service.watch_buffer_bytes =
