@@ -18,7 +18,9 @@ TEST(QueueKeysTest, ItemKeysNameTheirQueueAndNumber) {
   EXPECT_EQ(name->seq, 42);
   // Any bytes in the name, ':' and '/' and NUL included.
   const std::string odd("a:b/\0/c", 7);
-  name = ParseQueueItemKey(QueueItemKey(odd, 9223372036854775807));
+  // The name's queue is a view into the key: the key must outlive it.
+  const std::string odd_key = QueueItemKey(odd, 9223372036854775807);
+  name = ParseQueueItemKey(odd_key);
   ASSERT_TRUE(name.has_value());
   EXPECT_EQ(name->queue, odd);
   EXPECT_EQ(name->seq, 9223372036854775807);
