@@ -9,6 +9,7 @@ Checks that need cohortctl (the gRPC side of the same store) or a restart
 on the same data run only against cohortd.
 """
 import argparse
+import json
 import os
 import re
 import signal
@@ -211,3 +212,14 @@ class Backend:
         p = subprocess.run([self.cohortctl_bin, f"--addr={self.grpc_addr}", *argv],
                            capture_output=True, timeout=timeout)
         return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+
+def run_phase(script, n, port, python=None, timeout_s=120):
+    """Runs `script --phase=N --port=PORT` in a process of its own (a phase
+    of a kill -9 test, with its own torch clients) and returns the JSON
+    object its last line of output holds."""
+    p = subprocess.run([python or sys.executable, script, f"--phase={n}", f"--port={port}"],
+                       capture_output=True, timeout=timeout_s, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"phase {n} exited {p.returncode}: {p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])

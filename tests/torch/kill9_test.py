@@ -9,7 +9,6 @@ Against torch's own server (--backend=torch) nothing survives a kill, so the
 phases run back to back without one: that only validates the test logic."""
 import argparse
 import json
-import subprocess
 import sys
 from datetime import timedelta
 
@@ -93,14 +92,6 @@ def phase2(port):
                       "num_keys": s.num_keys()}))
 
 
-def run_phase(args, n, port):
-    p = subprocess.run([ct.PYTHON, __file__, f"--phase={n}", f"--port={port}"],
-                       capture_output=True, timeout=120, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"phase {n} exited {p.returncode}: {p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
 def main():
     args = ct.parse_args(__doc__, extra_flags)
     if args.phase == 1:
@@ -113,7 +104,7 @@ def main():
     b.start()
     print(f"{b.kind}: TCPStore protocol on 127.0.0.1:{b.port}", flush=True)
     try:
-        one = run_phase(args, 1, b.port)
+        one = ct.run_phase(__file__, 1, b.port, ct.PYTHON)
         print(f"phase 1: {one}")
         c.eq("phase 1 last add", one["last_add"], 3 * ADDS)
         c.eq("phase 1 delete_key", one["deleted"], True)
@@ -127,7 +118,7 @@ def main():
             c.ok(b.proc.pid != pid, "server was not restarted")
         else:
             print("torch's server keeps nothing over a kill: phase 2 runs without one")
-        two = run_phase(args, 2, b.port)
+        two = ct.run_phase(__file__, 2, b.port, ct.PYTHON)
         print(f"phase 2: {two}")
         c.eq("keys lost or wrong after kill -9", two["num_wrong"], 0)
         c.eq("first wrong keys", two["wrong"], [])

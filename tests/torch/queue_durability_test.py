@@ -12,7 +12,6 @@ against torch's own server of the same torch, without a kill (it keeps
 nothing over one): that only validates the test logic."""
 import argparse
 import json
-import subprocess
 import sys
 import threading
 from datetime import timedelta
@@ -92,14 +91,6 @@ def phase2(port):
     print(json.dumps(out))
 
 
-def run_phase(n, port):
-    p = subprocess.run([sys.executable, __file__, f"--phase={n}", f"--port={port}"],
-                       capture_output=True, timeout=120, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"phase {n} exited {p.returncode}: {p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
 def main():
     args = ct.parse_args(__doc__, extra_flags)
     if args.phase == 1:
@@ -118,7 +109,7 @@ def main():
     print(f"{b.kind}: TCPStore protocol on 127.0.0.1:{b.port} (torch {torch.__version__})",
           flush=True)
     try:
-        one = run_phase(1, b.port)
+        one = ct.run_phase(__file__, 1, b.port)
         print(f"phase 1: {one}")
         c.ok(one["popped_ok"], "phase 1 popped other items than it pushed first")
         c.eq("phase 1 queue_len", one["len"], PUSHED - POPPED)
@@ -143,7 +134,7 @@ def main():
             c.ok(b.proc.pid != pid, "cohortd was not restarted")
         else:
             print("torch's server keeps nothing over a kill: phase 2 runs without one")
-        two = run_phase(2, b.port)
+        two = ct.run_phase(__file__, 2, b.port)
         print(f"phase 2: {two}")
         c.eq("items after kill -9", two["len"], PUSHED - POPPED)
         c.eq("other queue after kill -9", two["other"], 1)

@@ -13,7 +13,6 @@ Against torch's own server (--backend=torch) nothing survives a kill, so the
 phases run back to back without one: that only validates the test logic."""
 import argparse
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -103,14 +102,6 @@ def phase2(port):
         "num_keys": s.num_keys(), "list_keys": sorted(s.list_keys())}))
 
 
-def run_phase(n, port):
-    p = subprocess.run([t2.PYTHON, __file__, f"--phase={n}", f"--port={port}"],
-                       capture_output=True, timeout=180, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"phase {n} exited {p.returncode}: {p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
 def main():
     args = ct.parse_args(__doc__, extra_flags)
     if args.phase == 1:
@@ -123,7 +114,7 @@ def main():
     b.start()
     print(f"{b.kind}: TCPStore protocol on 127.0.0.1:{b.port}", flush=True)
     try:
-        one = run_phase(1, b.port)
+        one = ct.run_phase(__file__, 1, b.port, t2.PYTHON, 180)
         print(f"phase 1: num_keys {one['num_keys']}, {len(one['list_keys'])} keys listed")
         c.eq("phase 1 last add", one["last_add"], 3 * ADDS)
         c.eq("phase 1 delete_key", one["deleted"], True)
@@ -155,7 +146,7 @@ def main():
             c.ok(b.proc.pid != pid, "server was not restarted")
         else:
             print("torch's server keeps nothing over a kill: phase 2 runs without one")
-        two = run_phase(2, b.port)
+        two = ct.run_phase(__file__, 2, b.port, t2.PYTHON, 180)
         print(f"phase 2: {json.dumps({k: v for k, v in two.items() if k != 'list_keys'})}")
         c.ok(two["present"], "keys written before the kill are missing after it")
         c.eq("keys lost or wrong after kill -9", two["num_wrong"], 0)
