@@ -2,12 +2,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
+#include <optional>
 #include <utility>
 
-#include "absl/strings/str_split.h"
+#include "ATen/core/grad_mode.h"
 #include "absl/time/time.h"
-#include "worker/collective/gloo/gloo_process_group.h"
+#include "worker/torch/gloo_group.h"
 #include "worker/torch/torch_store.h"
 #include "worker/torch/torch_work.h"
 
@@ -105,6 +105,27 @@ BufferView View(const at::Tensor& dense, Dtype dtype) {
                     dtype};
 }
 
+// The buffer the tensors of a list already form when each is contiguous and
+// each starts where the one before ends (views of one flat tensor, as
+// torch's callers often pass them): an op can use it in place of a staging
+// copy. A view with no data otherwise.
+BufferView Consecutive(const Tensors& tensors, Dtype dtype) {
+  const BufferView none{nullptr, 0, dtype};
+  if (tensors.empty()) return none;
+  const char* next = static_cast<const char*>(tensors[0].data_ptr());
+  size_t count = 0;
+  for (const at::Tensor& tensor : tensors) {
+    if (!tensor.is_contiguous() ||
+        static_cast<const char*>(tensor.data_ptr()) != next) {
+      return none;
+    }
+    next += tensor.numel() * tensor.element_size();
+    count += tensor.numel();
+  }
+  if (next == nullptr) return none;
+  return BufferView{tensors[0].data_ptr(), count, dtype};
+}
+
 // The tensors of a list laid end to end in one new flat tensor.
 at::Tensor Flatten(const Tensors& tensors) {
   Tensors flat;
@@ -117,6 +138,22 @@ std::vector<size_t> Counts(const Tensors& tensors) {
   std::vector<size_t> counts;
   for (const at::Tensor& tensor : tensors) counts.push_back(tensor.numel());
   return counts;
+}
+
+size_t Total(const std::vector<size_t>& counts) {
+  size_t total = 0;
+  for (size_t count : counts) total += count;
+  return total;
+}
+
+// `first`, then `second`; either may be null.
+TorchWork::Finish Then(TorchWork::Finish first, TorchWork::Finish second) {
+  if (!first) return second;
+  if (!second) return first;
+  return [first = std::move(first), second = std::move(second)]() {
+    first();
+    second();
+  };
 }
 
 // Copies a result computed in `dense` back into `tensor`, if they differ.
@@ -152,23 +189,69 @@ const char* RedOpName(c10d::ReduceOp::RedOpType op) {
   }
 }
 
-ReduceOp CohortReduceOp(const c10d::ReduceOp& op, const char* name) {
+// A torch reduce op as cohort runs it: cohort's op, then, for PREMUL_SUM, a
+// factor the reduced result is multiplied by.
+struct Reduction {
+  ReduceOp op = ReduceOp::kSum;
+  std::optional<double> scale;
+};
+
+#if COHORT_TORCH_BACKEND
+constexpr char kReduceOps[] = "SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM";
+
+// PREMUL_SUM's factor: a double, or a one-element tensor (FSDP2 passes
+// either).
+double PremulFactor(const c10d::ReduceOp& op, const char* name) {
+  const auto* supplement =
+      dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK(supplement != nullptr, "cohort backend: ", name,
+              " got ReduceOp.PREMUL_SUM without its factor (make it with "
+              "torch.distributed._make_nccl_premul_sum)");
+  if (!supplement->tensor_factor.defined()) return supplement->double_factor;
+  TORCH_CHECK(supplement->tensor_factor.numel() == 1, "cohort backend: ", name,
+              " needs a PREMUL_SUM factor of one element, got ",
+              supplement->tensor_factor.numel());
+  return supplement->tensor_factor.item<double>();
+}
+#else
+constexpr char kReduceOps[] = "SUM, PRODUCT, MIN, MAX, AVG";
+#endif
+
+// `op` for tensors like `like`.
+Reduction CohortReduction(const c10d::ReduceOp& op, const at::Tensor& like,
+                          const char* name) {
   switch (op.op_) {
     case c10d::ReduceOp::SUM:
-      return ReduceOp::kSum;
+      return {ReduceOp::kSum};
     case c10d::ReduceOp::PRODUCT:
-      return ReduceOp::kProd;
+      return {ReduceOp::kProd};
     case c10d::ReduceOp::MIN:
-      return ReduceOp::kMin;
+      return {ReduceOp::kMin};
     case c10d::ReduceOp::MAX:
-      return ReduceOp::kMax;
+      return {ReduceOp::kMax};
     case c10d::ReduceOp::AVG:
-      return ReduceOp::kAvg;
+      return {ReduceOp::kAvg};
+#if COHORT_TORCH_BACKEND
+    case c10d::ReduceOp::PREMUL_SUM:
+      TORCH_CHECK(at::isFloatingType(like.scalar_type()),
+                  "cohort backend: ", name,
+                  " does not support ReduceOp.PREMUL_SUM on dtype ",
+                  like.scalar_type(), " (floating dtypes only)");
+      return {ReduceOp::kSum, PremulFactor(op, name)};
+#endif
     default:
       TORCH_CHECK(false, "cohort backend: ", name, " does not support ",
-                  "ReduceOp.", RedOpName(op.op_),
-                  " (supported: SUM, PRODUCT, MIN, MAX, AVG)");
+                  "ReduceOp.", RedOpName(op.op_), " (supported: ", kReduceOps,
+                  ")");
   }
+}
+
+// Multiplies `tensors` by the reduction's factor once the op is done.
+TorchWork::Finish Scale(const Tensors& tensors, const Reduction& reduction) {
+  if (!reduction.scale) return nullptr;
+  return [tensors, factor = *reduction.scale]() {
+    for (const at::Tensor& tensor : tensors) tensor.mul_(factor);
+  };
 }
 
 int Root(int64_t root, int64_t root_tensor, const char* op) {
@@ -180,32 +263,77 @@ int Root(int64_t root, int64_t root_tensor, const char* op) {
   return static_cast<int>(root);
 }
 
+// A Work that completes when all of `works` have: with the first error
+// among them, else OK.
+std::shared_ptr<Work> AllOf(const std::vector<std::shared_ptr<Work>>& works) {
+  auto all = std::make_shared<Work>();
+  if (works.empty()) {
+    all->Complete(absl::OkStatus());
+    return all;
+  }
+  struct State {
+    explicit State(size_t n) : left(n) {}
+    absl::Mutex mu;
+    size_t left ABSL_GUARDED_BY(mu);
+    absl::Status first_error ABSL_GUARDED_BY(mu);
+  };
+  auto state = std::make_shared<State>(works.size());
+  for (const std::shared_ptr<Work>& work : works) {
+    work->OnComplete([all, state](const absl::Status& status) {
+      absl::Status result;
+      {
+        absl::MutexLock lock(&state->mu);
+        if (!status.ok() && state->first_error.ok()) {
+          state->first_error = status;
+        }
+        if (--state->left > 0) return;
+        result = state->first_error;
+      }
+      all->Complete(result);
+    });
+  }
+  return all;
+}
+
 }  // namespace
+
+// An op handed to cohort, as TorchWork::Wrap takes it.
+struct ProcessGroupCohort::Issued {
+  std::shared_ptr<cohort::Work> work;
+  // What result() and the future's value are.
+  Tensors outputs;
+  // Every tensor the op reads or writes, the caller's and staging ones.
+  Tensors keep;
+  TorchWork::Finish finish;
+};
+
+ProcessGroupCohort::Issued ProcessGroupCohort::Merge(std::vector<Issued> ops) {
+  Issued all;
+  std::vector<std::shared_ptr<cohort::Work>> works;
+  std::vector<TorchWork::Finish> finishes;
+  for (Issued& op : ops) {
+    works.push_back(std::move(op.work));
+    all.outputs.insert(all.outputs.end(), op.outputs.begin(), op.outputs.end());
+    all.keep.insert(all.keep.end(), op.keep.begin(), op.keep.end());
+    if (op.finish) finishes.push_back(std::move(op.finish));
+  }
+  all.work = AllOf(works);
+  if (!finishes.empty()) {
+    all.finish = [finishes = std::move(finishes)]() {
+      for (const TorchWork::Finish& finish : finishes) finish();
+    };
+  }
+  return all;
+}
 
 c10::intrusive_ptr<ProcessGroupCohort> ProcessGroupCohort::Create(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout) {
   TORCH_CHECK(store, "cohort backend: no store to bootstrap through");
-  GlooOptions options;
-  options.group.timeout = absl::FromChrono(timeout);
-  options.store_prefix = "cohort";
-  // torch's knob for the interface Gloo listens on, honoured the same way.
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
-    std::vector<std::string> names = absl::StrSplit(ifname, ',');
-    options.interface = names[0];
-  }
-  if (const char* verify = std::getenv("COHORT_VERIFY_OPS")) {
-    options.group.verify_ops = std::string(verify) != "0";
-  }
-  // Ranks of one host share memory unless COHORT_SHARED_MEMORY=0;
-  // COHORT_HOST_ID (read by GlooProcessGroup) says which host a rank is on.
-  if (const char* shm = std::getenv("COHORT_SHARED_MEMORY")) {
-    options.shared_memory = std::string(shm) != "0";
-  }
   auto adapter = std::make_shared<TorchStore>(store);
-  adapter->SetTimeout(options.group.timeout);
-  absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
-      GlooProcessGroup::Create(adapter, rank, size, options);
+  adapter->SetTimeout(absl::FromChrono(timeout));
+  absl::StatusOr<std::unique_ptr<cohort::ProcessGroup>> group =
+      CreateGlooGroup(adapter, rank, size, absl::FromChrono(timeout));
   TORCH_CHECK(group.ok(), "cohort backend: cannot create the group of rank ",
               rank, " of ", size, ": ", group.status().ToString());
   return c10::make_intrusive<ProcessGroupCohort>(*std::move(group));
@@ -213,8 +341,7 @@ c10::intrusive_ptr<ProcessGroupCohort> ProcessGroupCohort::Create(
 
 ProcessGroupCohort::ProcessGroupCohort(
     std::unique_ptr<cohort::ProcessGroup> group)
-    : c10d::ProcessGroup(group->rank(), group->size()),
-      group_(std::move(group)) {
+    : TorchBackend(group->rank(), group->size()), group_(std::move(group)) {
   init();  // torch's usage logging, as its own backends do.
 }
 
@@ -233,6 +360,47 @@ ProcessGroupCohort::~ProcessGroupCohort() {
   }
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::Submit(Issued op,
+                                                          OpType type) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (coalescing_) {
+      coalesced_works_.push_back(op.work);
+      coalesced_outputs_.insert(coalesced_outputs_.end(), op.outputs.begin(),
+                                op.outputs.end());
+    }
+  }
+  return TorchWork::Wrap(std::move(op.work), rank_, type, std::move(op.outputs),
+                         std::move(op.keep), std::move(op.finish));
+}
+
+#if COHORT_TORCH_BACKEND
+void ProcessGroupCohort::startCoalescing() {
+  absl::MutexLock lock(&mu_);
+  TORCH_CHECK(!coalescing_,
+              "cohort backend: startCoalescing called again "
+              "before endCoalescing");
+  coalescing_ = true;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::endCoalescing() {
+  std::vector<std::shared_ptr<cohort::Work>> works;
+  Tensors outputs;
+  {
+    absl::MutexLock lock(&mu_);
+    TORCH_CHECK(coalescing_,
+                "cohort backend: endCoalescing without startCoalescing");
+    coalescing_ = false;
+    works.swap(coalesced_works_);
+    outputs.swap(coalesced_outputs_);
+  }
+  // Each op's own Work finishes (copies its results) before this one
+  // completes: its callback was added first.
+  return TorchWork::Wrap(AllOf(works), rank_, OpType::COALESCED,
+                         std::move(outputs), {});
+}
+#endif
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::broadcast(
     Tensors& tensors, const c10d::BroadcastOptions& opts) {
   const char* op = "broadcast";
@@ -241,9 +409,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::broadcast(
   const Dtype dtype = Check(tensor, op);
   const int root = Root(opts.rootRank, opts.rootTensor, op);
   at::Tensor dense = Dense(tensor);
-  return TorchWork::Wrap(group_->Broadcast(View(dense, dtype), root), rank_,
-                         OpType::BROADCAST, {tensor}, {tensor, dense},
-                         CopyBack(tensor, dense));
+  return Submit({group_->Broadcast(View(dense, dtype), root),
+                 {tensor},
+                 {tensor, dense},
+                 CopyBack(tensor, dense)},
+                OpType::BROADCAST);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::allreduce(
@@ -252,11 +422,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::allreduce(
   at::NoGradGuard no_grad;
   at::Tensor& tensor = One(tensors, op);
   const Dtype dtype = Check(tensor, op);
-  const ReduceOp reduce = CohortReduceOp(opts.reduceOp, op);
+  const Reduction reduction = CohortReduction(opts.reduceOp, tensor, op);
   at::Tensor dense = Dense(tensor);
-  return TorchWork::Wrap(group_->AllReduce(View(dense, dtype), reduce), rank_,
-                         OpType::ALLREDUCE, {tensor}, {tensor, dense},
-                         CopyBack(tensor, dense));
+  return Submit({group_->AllReduce(View(dense, dtype), reduction.op),
+                 {tensor},
+                 {tensor, dense},
+                 Then(CopyBack(tensor, dense), Scale({tensor}, reduction))},
+                OpType::ALLREDUCE);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::allreduce_coalesced(
@@ -266,13 +438,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::allreduce_coalesced(
   TORCH_CHECK(!tensors.empty(), "cohort backend: ", op, " got no tensors");
   const Dtype dtype = Check(tensors[0], op);
   CheckAll(tensors, tensors[0], op);
-  const ReduceOp reduce = CohortReduceOp(opts.reduceOp, op);
-  at::Tensor flat = Flatten(tensors);
-  Tensors keep = tensors;
-  keep.push_back(flat);
-  return TorchWork::Wrap(group_->AllReduce(View(flat, dtype), reduce), rank_,
-                         OpType::ALLREDUCE_COALESCED, tensors, std::move(keep),
-                         Unflatten(flat, tensors));
+  const Reduction reduction = CohortReduction(opts.reduceOp, tensors[0], op);
+  Issued issued{nullptr, tensors, tensors, Scale(tensors, reduction)};
+  BufferView flat = Consecutive(tensors, dtype);
+  if (flat.data == nullptr) {
+    at::Tensor staging = Flatten(tensors);
+    flat = View(staging, dtype);
+    issued.keep.push_back(staging);
+    issued.finish = Then(Unflatten(staging, tensors), std::move(issued.finish));
+  }
+  issued.work = group_->AllReduce(flat, reduction.op);
+  return Submit(std::move(issued), OpType::ALLREDUCE_COALESCED);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::reduce(
@@ -281,12 +457,43 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::reduce(
   at::NoGradGuard no_grad;
   at::Tensor& tensor = One(tensors, op);
   const Dtype dtype = Check(tensor, op);
-  const ReduceOp reduce = CohortReduceOp(opts.reduceOp, op);
+  const Reduction reduction = CohortReduction(opts.reduceOp, tensor, op);
   const int root = Root(opts.rootRank, opts.rootTensor, op);
   at::Tensor dense = Dense(tensor);
-  return TorchWork::Wrap(group_->Reduce(View(dense, dtype), root, reduce),
-                         rank_, OpType::REDUCE, {tensor}, {tensor, dense},
-                         CopyBack(tensor, dense));
+  TorchWork::Finish finish = CopyBack(tensor, dense);
+  if (rank_ == root)
+    finish = Then(std::move(finish), Scale({tensor}, reduction));
+  return Submit({group_->Reduce(View(dense, dtype), root, reduction.op),
+                 {tensor},
+                 {tensor, dense},
+                 std::move(finish)},
+                OpType::REDUCE);
+}
+
+ProcessGroupCohort::Issued ProcessGroupCohort::AllGatherList(Tensors& out,
+                                                             at::Tensor& input,
+                                                             const char* op) {
+  const Dtype dtype = Check(input, op);
+  CheckAll(out, input, op);
+  at::Tensor dense = Dense(input);
+  const std::vector<size_t> counts = Counts(out);
+  bool even = true;
+  for (size_t count : counts) {
+    even = even && count == static_cast<size_t>(input.numel());
+  }
+  Issued issued{nullptr, out, out, nullptr};
+  issued.keep.insert(issued.keep.end(), {input, dense});
+  BufferView gathered = Consecutive(out, dtype);
+  if (gathered.data == nullptr) {
+    at::Tensor staging =
+        at::empty({static_cast<int64_t>(Total(counts))}, input.options());
+    gathered = View(staging, dtype);
+    issued.keep.push_back(staging);
+    issued.finish = Unflatten(staging, out);
+  }
+  issued.work = even ? group_->AllGather(View(dense, dtype), gathered)
+                     : group_->AllGatherV(View(dense, dtype), gathered, counts);
+  return issued;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::allgather(
@@ -295,41 +502,77 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::allgather(
   const char* op = "allgather";
   at::NoGradGuard no_grad;
   at::Tensor& input = One(inputs, op);
-  const Dtype dtype = Check(input, op);
   Tensors& out = PerRank(outputs, size_, op, "output");
-  CheckAll(out, input, op);
-  at::Tensor dense = Dense(input);
-  const std::vector<size_t> counts = Counts(out);
-  size_t total = 0;
-  bool even = true;
-  for (size_t count : counts) {
-    total += count;
-    even = even && count == static_cast<size_t>(input.numel());
-  }
-  at::Tensor staging =
-      at::empty({static_cast<int64_t>(total)}, input.options());
-  std::shared_ptr<Work> work =
-      even ? group_->AllGather(View(dense, dtype), View(staging, dtype))
-           : group_->AllGatherV(View(dense, dtype), View(staging, dtype),
-                                counts);
-  Tensors keep = out;
-  keep.insert(keep.end(), {input, dense, staging});
-  return TorchWork::Wrap(std::move(work), rank_, OpType::ALLGATHER, out,
-                         std::move(keep), Unflatten(staging, out));
+  return Submit(AllGatherList(out, input, op), OpType::ALLGATHER);
+}
+
+ProcessGroupCohort::Issued ProcessGroupCohort::AllGatherFlat(at::Tensor& output,
+                                                             at::Tensor& input,
+                                                             const char* op) {
+  const Dtype dtype = Check(input, op);
+  CheckAll({output}, input, op);
+  TORCH_CHECK(output.numel() == input.numel() * size_, "cohort backend: ", op,
+              " needs an output of ", size_, " x the input's ", input.numel(),
+              " elements, got ", output.numel());
+  at::Tensor in = Dense(input);
+  at::Tensor out = Dense(output);
+  return {group_->AllGather(View(in, dtype), View(out, dtype)),
+          {output},
+          {input, in, output, out},
+          CopyBack(output, out)};
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  const char* op = "_allgather_base";
   at::NoGradGuard no_grad;
-  const Dtype dtype = Check(input, op);
-  CheckAll({output}, input, op);
-  at::Tensor in = Dense(input);
-  at::Tensor out = Dense(output);
-  return TorchWork::Wrap(group_->AllGather(View(in, dtype), View(out, dtype)),
-                         rank_, OpType::_ALLGATHER_BASE, {output},
-                         {input, in, output, out}, CopyBack(output, out));
+  return Submit(AllGatherFlat(output, input, "_allgather_base"),
+                OpType::_ALLGATHER_BASE);
 }
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::allgather_coalesced(
+    std::vector<Tensors>& output_lists, Tensors& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* op = "allgather_coalesced";
+  at::NoGradGuard no_grad;
+  TORCH_CHECK(output_lists.size() == inputs.size(), "cohort backend: ", op,
+              " needs one output list per input, got ", output_lists.size(),
+              " lists for ", inputs.size(), " inputs");
+  std::vector<Issued> ops;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TORCH_CHECK(static_cast<int>(output_lists[i].size()) == size_,
+                "cohort backend: ", op, " needs one output tensor per rank (",
+                size_, ") in each list, got ", output_lists[i].size());
+    ops.push_back(AllGatherList(output_lists[i], inputs[i], op));
+  }
+  return Submit(Merge(std::move(ops)), OpType::ALLGATHER_COALESCED);
+}
+
+#if COHORT_TORCH_BACKEND
+ProcessGroupCohort::Issued ProcessGroupCohort::EachPair(
+    Tensors& outputs, Tensors& inputs, const char* op,
+    const std::function<Issued(at::Tensor&, at::Tensor&)>& issue) {
+  TORCH_CHECK(outputs.size() == inputs.size(), "cohort backend: ", op,
+              " needs one output per input, got ", outputs.size(), " for ",
+              inputs.size());
+  std::vector<Issued> ops;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ops.push_back(issue(outputs[i], inputs[i]));
+  }
+  return Merge(std::move(ops));
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupCohort::allgather_into_tensor_coalesced(
+    Tensors& outputs, Tensors& inputs, const c10d::AllgatherOptions& opts) {
+  const char* op = "allgather_into_tensor_coalesced";
+  at::NoGradGuard no_grad;
+  return Submit(EachPair(outputs, inputs, op,
+                         [&](at::Tensor& output, at::Tensor& input) {
+                           return AllGatherFlat(output, input, op);
+                         }),
+                OpType::COALESCED);
+}
+#endif
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::gather(
     std::vector<Tensors>& outputs, Tensors& inputs,
@@ -340,26 +583,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::gather(
   const Dtype dtype = Check(input, op);
   const int root = Root(opts.rootRank, 0, op);
   at::Tensor dense = Dense(input);
-  Tensors out;
-  at::Tensor staging;
+  Issued issued{nullptr, {}, {input, dense}, nullptr};
+  BufferView gathered{nullptr, 0, dtype};
   if (rank_ == root) {
-    out = PerRank(outputs, size_, op, "output");
+    Tensors& out = PerRank(outputs, size_, op, "output");
     CheckAll(out, input, op);
     CheckNumel(out, input.numel(), op, "output");
-    staging = at::empty({input.numel() * size_}, input.options());
+    issued.outputs = out;
+    issued.keep.insert(issued.keep.end(), out.begin(), out.end());
+    gathered = Consecutive(out, dtype);
+    if (gathered.data == nullptr) {
+      at::Tensor staging = at::empty({input.numel() * size_}, input.options());
+      gathered = View(staging, dtype);
+      issued.keep.push_back(staging);
+      issued.finish = Unflatten(staging, out);
+    }
   }
-  BufferView gathered{nullptr, 0, dtype};
-  if (staging.defined()) gathered = View(staging, dtype);
-  Tensors keep = out;
-  keep.insert(keep.end(), {input, dense});
-  TorchWork::Finish finish;
-  if (staging.defined()) {
-    keep.push_back(staging);
-    finish = Unflatten(staging, out);
-  }
-  return TorchWork::Wrap(group_->Gather(View(dense, dtype), gathered, root),
-                         rank_, OpType::GATHER, out, std::move(keep),
-                         std::move(finish));
+  issued.work = group_->Gather(View(dense, dtype), gathered, root);
+  return Submit(std::move(issued), OpType::GATHER);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::scatter(
@@ -371,19 +612,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::scatter(
   const Dtype dtype = Check(output, op);
   const int root = Root(opts.rootRank, 0, op);
   at::Tensor out = Dense(output);
-  Tensors keep = {output, out};
+  Issued issued{nullptr, {output}, {output, out}, CopyBack(output, out)};
   BufferView scattered{nullptr, 0, dtype};
   if (rank_ == root) {
     Tensors& in = PerRank(inputs, size_, op, "input");
     CheckAll(in, output, op);
     CheckNumel(in, output.numel(), op, "input");
-    at::Tensor staging = Flatten(in);
-    scattered = View(staging, dtype);
-    keep.push_back(staging);
+    issued.keep.insert(issued.keep.end(), in.begin(), in.end());
+    scattered = Consecutive(in, dtype);
+    if (scattered.data == nullptr) {
+      at::Tensor staging = Flatten(in);
+      scattered = View(staging, dtype);
+      issued.keep.push_back(staging);
+    }
   }
-  return TorchWork::Wrap(group_->Scatter(scattered, View(out, dtype), root),
-                         rank_, OpType::SCATTER, {output}, std::move(keep),
-                         CopyBack(output, out));
+  issued.work = group_->Scatter(scattered, View(out, dtype), root);
+  return Submit(std::move(issued), OpType::SCATTER);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::reduce_scatter(
@@ -393,33 +637,67 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::reduce_scatter(
   at::NoGradGuard no_grad;
   at::Tensor& output = One(outputs, op);
   const Dtype dtype = Check(output, op);
-  const ReduceOp reduce = CohortReduceOp(opts.reduceOp, op);
+  const Reduction reduction = CohortReduction(opts.reduceOp, output, op);
   Tensors& in = PerRank(inputs, size_, op, "input");
   CheckAll(in, output, op);
   CheckNumel(in, output.numel(), op, "input");
-  at::Tensor staging = Flatten(in);
   at::Tensor out = Dense(output);
-  return TorchWork::Wrap(
-      group_->ReduceScatter(View(staging, dtype), View(out, dtype), reduce),
-      rank_, OpType::REDUCE_SCATTER, {output}, {output, out, staging},
-      CopyBack(output, out));
+  Issued issued{nullptr,
+                {output},
+                {output, out},
+                Then(CopyBack(output, out), Scale({output}, reduction))};
+  issued.keep.insert(issued.keep.end(), in.begin(), in.end());
+  BufferView flat = Consecutive(in, dtype);
+  if (flat.data == nullptr) {
+    at::Tensor staging = Flatten(in);
+    flat = View(staging, dtype);
+    issued.keep.push_back(staging);
+  }
+  issued.work = group_->ReduceScatter(flat, View(out, dtype), reduction.op);
+  return Submit(std::move(issued), OpType::REDUCE_SCATTER);
+}
+
+ProcessGroupCohort::Issued ProcessGroupCohort::ReduceScatterFlat(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceOp& reduce_op,
+    const char* op) {
+  const Dtype dtype = Check(input, op);
+  CheckAll({output}, input, op);
+  TORCH_CHECK(input.numel() == output.numel() * size_, "cohort backend: ", op,
+              " needs an input of ", size_, " x the output's ", output.numel(),
+              " elements, got ", input.numel());
+  const Reduction reduction = CohortReduction(reduce_op, input, op);
+  at::Tensor in = Dense(input);
+  at::Tensor out = Dense(output);
+  return {
+      group_->ReduceScatter(View(in, dtype), View(out, dtype), reduction.op),
+      {output},
+      {input, in, output, out},
+      Then(CopyBack(output, out), Scale({output}, reduction))};
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input,
     const c10d::ReduceScatterOptions& opts) {
-  const char* op = "_reduce_scatter_base";
   at::NoGradGuard no_grad;
-  const Dtype dtype = Check(input, op);
-  CheckAll({output}, input, op);
-  const ReduceOp reduce = CohortReduceOp(opts.reduceOp, op);
-  at::Tensor in = Dense(input);
-  at::Tensor out = Dense(output);
-  return TorchWork::Wrap(
-      group_->ReduceScatter(View(in, dtype), View(out, dtype), reduce), rank_,
-      OpType::_REDUCE_SCATTER_BASE, {output}, {input, in, output, out},
-      CopyBack(output, out));
+  return Submit(
+      ReduceScatterFlat(output, input, opts.reduceOp, "_reduce_scatter_base"),
+      OpType::_REDUCE_SCATTER_BASE);
 }
+
+#if COHORT_TORCH_BACKEND
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupCohort::reduce_scatter_tensor_coalesced(
+    Tensors& outputs, Tensors& inputs, const c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter_tensor_coalesced";
+  at::NoGradGuard no_grad;
+  return Submit(EachPair(outputs, inputs, op,
+                         [&](at::Tensor& output, at::Tensor& input) {
+                           return ReduceScatterFlat(output, input,
+                                                    opts.reduceOp, op);
+                         }),
+                OpType::COALESCED);
+}
+#endif
 
 namespace {
 
@@ -465,7 +743,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::alltoall_base(
   CheckAll({output}, input, op);
   at::Tensor in = Dense(input);
   at::Tensor out = Dense(output);
-  std::shared_ptr<Work> work;
+  std::shared_ptr<cohort::Work> work;
   if (output_split_sizes.empty() && input_split_sizes.empty()) {
     work = group_->AllToAll(View(in, dtype), View(out, dtype));
   } else {
@@ -474,9 +752,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::alltoall_base(
         View(out, dtype),
         SplitCounts(output, output_split_sizes, size_, "output"));
   }
-  return TorchWork::Wrap(std::move(work), rank_, OpType::ALLTOALL_BASE,
-                         {output}, {input, in, output, out},
-                         CopyBack(output, out));
+  return Submit({std::move(work),
+                 {output},
+                 {input, in, output, out},
+                 CopyBack(output, out)},
+                OpType::ALLTOALL_BASE);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::alltoall(
@@ -491,22 +771,30 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::alltoall(
   const Dtype dtype = Check(inputs[0], op);
   CheckAll(inputs, inputs[0], op);
   CheckAll(outputs, inputs[0], op);
-  at::Tensor in = Flatten(inputs);
+  Issued issued{nullptr, outputs, outputs, nullptr};
+  issued.keep.insert(issued.keep.end(), inputs.begin(), inputs.end());
+  BufferView in = Consecutive(inputs, dtype);
+  if (in.data == nullptr) {
+    at::Tensor staging = Flatten(inputs);
+    in = View(staging, dtype);
+    issued.keep.push_back(staging);
+  }
   const std::vector<size_t> recv_counts = Counts(outputs);
-  int64_t total = 0;
-  for (size_t count : recv_counts) total += static_cast<int64_t>(count);
-  at::Tensor staging = at::empty({total}, in.options());
-  Tensors keep = outputs;
-  keep.insert(keep.end(), {in, staging});
-  return TorchWork::Wrap(group_->AllToAllV(View(in, dtype), Counts(inputs),
-                                           View(staging, dtype), recv_counts),
-                         rank_, OpType::ALLTOALL, outputs, std::move(keep),
-                         Unflatten(staging, outputs));
+  BufferView out = Consecutive(outputs, dtype);
+  if (out.data == nullptr) {
+    at::Tensor staging = at::empty({static_cast<int64_t>(Total(recv_counts))},
+                                   inputs[0].options());
+    out = View(staging, dtype);
+    issued.keep.push_back(staging);
+    issued.finish = Unflatten(staging, outputs);
+  }
+  issued.work = group_->AllToAllV(in, Counts(inputs), out, recv_counts);
+  return Submit(std::move(issued), OpType::ALLTOALL);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::barrier(
     const c10d::BarrierOptions& opts) {
-  return TorchWork::Wrap(group_->Barrier(), rank_, OpType::BARRIER, {}, {});
+  return Submit({group_->Barrier(), {}, {}, nullptr}, OpType::BARRIER);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::send(Tensors& tensors,
@@ -517,9 +805,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::send(Tensors& tensors,
   const Dtype dtype = Check(tensor, op);
   TORCH_CHECK(tag >= 0, "cohort backend: send needs a tag >= 0, got ", tag);
   at::Tensor dense = Dense(tensor);
-  return TorchWork::Wrap(
-      group_->Send(View(dense, dtype), dst_rank, static_cast<uint32_t>(tag)),
-      rank_, OpType::SEND, {tensor}, {tensor, dense});
+  return Submit(
+      {group_->Send(View(dense, dtype), dst_rank, static_cast<uint32_t>(tag)),
+       {tensor},
+       {tensor, dense},
+       nullptr},
+      OpType::SEND);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::recv(Tensors& tensors,
@@ -530,9 +821,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::recv(Tensors& tensors,
   const Dtype dtype = Check(tensor, op);
   TORCH_CHECK(tag >= 0, "cohort backend: recv needs a tag >= 0, got ", tag);
   at::Tensor dense = Dense(tensor);
-  return TorchWork::Wrap(
-      group_->Recv(View(dense, dtype), src_rank, static_cast<uint32_t>(tag)),
-      rank_, OpType::RECV, {tensor}, {tensor, dense}, CopyBack(tensor, dense));
+  return Submit(
+      {group_->Recv(View(dense, dtype), src_rank, static_cast<uint32_t>(tag)),
+       {tensor},
+       {tensor, dense},
+       CopyBack(tensor, dense)},
+      OpType::RECV);
 }
 
 }  // namespace cohort

@@ -1,25 +1,40 @@
-// ProcessGroupCohort: torch.distributed's c10d::ProcessGroup (PyTorch 1.13)
-// over a cohort ProcessGroup (worker/collective/process_group.h), so that
-// torch code, DDP included, runs its collectives on cohort's engine and
-// Gloo backend. cohort_torch (module.cc) registers it as the c10d backend
-// "cohort".
+// ProcessGroupCohort: torch.distributed's backend "cohort" over a cohort
+// ProcessGroup (worker/collective/process_group.h), so that torch code, DDP,
+// FSDP and the rest included, runs its collectives on cohort's engine and
+// Gloo backend. Built twice from these sources: for PyTorch 2.x as a
+// c10d::Backend (the venv's torch; TORCH_VERSION_MAJOR >= 2), and for
+// Debian's PyTorch 1.13 as a c10d::ProcessGroup. cohort_torch (module.cc)
+// registers it as "cohort", for CPU tensors.
 //
 // Tensors: dense CPU tensors of cohort's dtypes (float32, float64, float16,
 // bfloat16, int8, uint8, int32, int64), one per op and process (torch's
 // rule for CPU groups). A non-contiguous tensor is copied into a contiguous
 // one for the op and the result copied back. Anything else, and reduce ops
-// other than SUM, PRODUCT, MIN, MAX and AVG, throw a c10::Error (a Python
-// RuntimeError) naming the op and what it refused, before anything is sent.
+// other than SUM, PRODUCT, MIN, MAX, AVG and (2.x) PREMUL_SUM, throw a
+// c10::Error (a Python RuntimeError) naming the op and what it refused,
+// before anything is sent. PREMUL_SUM(f), which only floating dtypes take,
+// is f times the SUM (the factor scales the reduced result, in the tensor's
+// dtype): NCCL's sum of f * x up to rounding, exactly so when f is a power
+// of two (FSDP2's 1 / world size for worlds 2, 4, 8...).
 //
 // Every op returns at once a TorchWork (torch_work.h) that completes when
 // cohort's op does; the output tensors are filled by then. Ops whose torch
 // signature is a list of tensors (allgather, gather, scatter,
-// reduce_scatter, alltoall, allreduce_coalesced) run on one flat staging
-// tensor and copy between it and the list; the others read and write the
-// caller's tensors in place. Errors of the op itself (a timeout, a dead
-// peer, ranks issuing different ops) are cohort's statuses, thrown by
-// wait(): see process_group.h for what each code means. Per-op timeouts in
-// torch's options are ignored: the group's timeout bounds every op.
+// reduce_scatter, alltoall, allreduce_coalesced) run on the list's memory
+// directly when its tensors lie end to end in one buffer, in order (views of
+// one flat tensor), and on one flat staging tensor they are copied from and
+// to otherwise; the other ops read and write the caller's tensors in place.
+// The *_coalesced forms issue one cohort op per tensor (pair) and return
+// one Work for all. Errors of the op itself (a timeout, a dead peer, ranks
+// issuing different ops) are cohort's statuses, thrown by wait(): see
+// process_group.h for what each code means. Per-op timeouts in torch's
+// options are ignored: the group's timeout bounds every op.
+//
+// Send and recv are posted to the transport when issued and never block
+// the caller (batch_isend_irecv in a pipeline schedule issues a ring of
+// them). On 2.x the backend supports torch's coalescing API: the Work that
+// endCoalescing returns completes when every op issued since
+// startCoalescing has.
 #ifndef COHORT_WORKER_TORCH_PROCESS_GROUP_COHORT_H_
 #define COHORT_WORKER_TORCH_PROCESS_GROUP_COHORT_H_
 
@@ -30,18 +45,36 @@
 #include <string>
 #include <vector>
 
-#include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+#include "absl/synchronization/mutex.h"
+#include "torch/csrc/api/include/torch/version.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
 #include "worker/collective/process_group.h"
 
+#if TORCH_VERSION_MAJOR >= 2
+#define COHORT_TORCH_BACKEND 1
+#include "torch/csrc/distributed/c10d/Backend.hpp"
+#else
+#define COHORT_TORCH_BACKEND 0
+#include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+#endif
+
 namespace cohort {
 
-class ProcessGroupCohort final : public c10d::ProcessGroup {
+// What a torch backend derives from: c10d::Backend in 2.x, the
+// ProcessGroup itself in 1.13.
+#if COHORT_TORCH_BACKEND
+using TorchBackend = c10d::Backend;
+#else
+using TorchBackend = c10d::ProcessGroup;
+#endif
+
+class ProcessGroupCohort final : public TorchBackend {
  public:
-  // Creates the group of `rank` of `size` with cohort's Gloo backend,
-  // bootstrapping through `store` (TorchStore, torch_store.h). Blocks
-  // until every rank has arrived or `timeout` passes, which also bounds
-  // every op. Throws a c10::Error with cohort's message on failure.
+  // Creates the group of `rank` of `size` with cohort's Gloo backend
+  // (CreateGlooGroup, gloo_group.h), bootstrapping through `store`
+  // (TorchStore, torch_store.h). Blocks until every rank has arrived or
+  // `timeout` passes, which also bounds every op. Throws a c10::Error with
+  // cohort's message on failure.
   static c10::intrusive_ptr<ProcessGroupCohort> Create(
       const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
       std::chrono::milliseconds timeout);
@@ -64,6 +97,14 @@ class ProcessGroupCohort final : public c10d::ProcessGroup {
   static void SetWaitHook(WaitHook hook);
 
   const std::string getBackendName() const override { return "cohort"; }
+#if COHORT_TORCH_BACKEND
+  bool supportsCoalescing() const override { return true; }
+  // Ops issued between these two still run (and complete) on their own;
+  // endCoalescing's Work completes once all of them have, with their
+  // outputs as its result. REQUIRES: not already coalescing / coalescing.
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+#endif
 
   c10::intrusive_ptr<c10d::Work> broadcast(
       std::vector<at::Tensor>& tensors,
@@ -88,6 +129,17 @@ class ProcessGroupCohort final : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> _allgather_base(
       at::Tensor& output, at::Tensor& input,
       const c10d::AllgatherOptions& opts) override;
+  // One allgather per input, into the output list of the same index.
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& output_lists,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+#if COHORT_TORCH_BACKEND
+  // One _allgather_base per (output, input) pair.
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+#endif
   c10::intrusive_ptr<c10d::Work> gather(
       std::vector<std::vector<at::Tensor>>& outputs,
       std::vector<at::Tensor>& inputs,
@@ -103,6 +155,12 @@ class ProcessGroupCohort final : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& output, at::Tensor& input,
       const c10d::ReduceScatterOptions& opts) override;
+#if COHORT_TORCH_BACKEND
+  // One _reduce_scatter_base per (output, input) pair.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+#endif
   // Splits count rows (dimension 0); empty splits are equal ones.
   c10::intrusive_ptr<c10d::Work> alltoall_base(
       at::Tensor& output, at::Tensor& input,
@@ -122,7 +180,35 @@ class ProcessGroupCohort final : public c10d::ProcessGroup {
                                       int src_rank, int tag) override;
 
  private:
+  struct Issued;  // An op handed to cohort (process_group_cohort.cc).
+
+  // Several ops as one: done when all are, finished in order.
+  static Issued Merge(std::vector<Issued> ops);
+#if COHORT_TORCH_BACKEND
+  // `issue` for each (output, input) pair, merged.
+  Issued EachPair(std::vector<at::Tensor>& outputs,
+                  std::vector<at::Tensor>& inputs, const char* op,
+                  const std::function<Issued(at::Tensor&, at::Tensor&)>& issue);
+#endif
+
+  // The Work torch gets for `op`; while coalescing, also remembers it.
+  c10::intrusive_ptr<c10d::Work> Submit(Issued op, c10d::OpType type);
+
+  // The single-op bodies the coalesced forms repeat.
+  Issued AllGatherList(std::vector<at::Tensor>& outputs, at::Tensor& input,
+                       const char* op);
+  Issued AllGatherFlat(at::Tensor& output, at::Tensor& input, const char* op);
+  Issued ReduceScatterFlat(at::Tensor& output, at::Tensor& input,
+                           const c10d::ReduceOp& reduce_op, const char* op);
+
   std::unique_ptr<cohort::ProcessGroup> group_;
+
+  // Between startCoalescing and endCoalescing: the ops issued meanwhile.
+  absl::Mutex mu_;
+  bool coalescing_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::shared_ptr<cohort::Work>> coalesced_works_
+      ABSL_GUARDED_BY(mu_);
+  std::vector<at::Tensor> coalesced_outputs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cohort

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "torch/csrc/api/include/torch/version.h"
 
 namespace cohort {
 namespace {
@@ -40,9 +41,9 @@ absl::Status Failed(absl::string_view call, const std::exception& e) {
 }
 
 absl::Status Unsupported(absl::string_view call) {
-  return absl::UnimplementedError(absl::StrCat(
-      "torch store: ", call,
-      " is not supported (torch 1.13's c10d::Store has no such call)"));
+  return absl::UnimplementedError(
+      absl::StrCat("torch store: ", call, " is not supported (torch ",
+                   TORCH_VERSION, "'s c10d::Store has no such call)"));
 }
 
 std::string Quoted(absl::Span<const std::string> keys) {
@@ -138,22 +139,53 @@ absl::StatusOr<std::vector<std::string>> TorchStore::MultiGet(
   if (!ready.ok()) return ready;
   std::vector<std::string> values;
   values.reserve(keys.size());
+#if TORCH_VERSION_MAJOR >= 2
+  try {
+    for (const std::vector<uint8_t>& value :
+         store_->multiGet(std::vector<std::string>(keys.begin(), keys.end()))) {
+      values.push_back(Text(value));
+    }
+  } catch (const std::exception& e) {
+    return Failed(absl::StrCat("multi_get ", Quoted(keys)), e);
+  }
+#else
   for (const std::string& key : keys) {
     absl::StatusOr<std::string> value = Get(key, timeout);
     if (!value.ok()) return value.status();
     values.push_back(*std::move(value));
   }
+#endif
   return values;
 }
 
 absl::Status TorchStore::MultiSet(absl::Span<const std::string> keys,
                                   absl::Span<const std::string> values) {
+#if TORCH_VERSION_MAJOR >= 2
+  std::vector<std::vector<uint8_t>> bytes;
+  for (const std::string& value : values) bytes.push_back(Bytes(value));
+  try {
+    store_->multiSet(std::vector<std::string>(keys.begin(), keys.end()), bytes);
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return Failed(absl::StrCat("multi_set ", Quoted(keys)), e);
+  }
+#else
   return Unsupported("multi_set");
+#endif
 }
 
 absl::Status TorchStore::Append(absl::string_view key,
                                 absl::string_view value) {
+#if TORCH_VERSION_MAJOR >= 2
+  try {
+    store_->append(std::string(key), Bytes(value));
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return Failed(absl::StrCat("append \"", key, "\""), e);
+  }
+#else
   return Unsupported("append");
+#endif
 }
 
 absl::StatusOr<KeyList> TorchStore::ListKeys(absl::string_view prefix) {

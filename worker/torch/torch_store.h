@@ -3,9 +3,11 @@
 // PrefixStore that torch.distributed hands a backend).
 //
 // c10d::Store (PyTorch 1.13) has set, get, add, compare_set, wait, check,
-// delete_key and num_keys; those are what cohort's groups need. MultiGet is
-// one get per key (not atomic). MultiSet, Append, ListKeys and Watch have
-// no c10d counterpart and return UNIMPLEMENTED naming the call.
+// delete_key and num_keys; those are what cohort's groups need. There
+// MultiGet is one get per key (not atomic), and MultiSet and Append return
+// UNIMPLEMENTED naming the call; 2.x's Store has multi_get, multi_set and
+// append, which they call. ListKeys and Watch have no c10d counterpart and
+// return UNIMPLEMENTED.
 //
 // c10d's stores throw; TorchStore turns what they throw into statuses: a
 // message that mentions a timeout becomes DEADLINE_EXCEEDED, any other

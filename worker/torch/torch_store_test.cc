@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "torch/csrc/api/include/torch/version.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 
 namespace cohort {
@@ -56,10 +57,22 @@ TEST_F(TorchStoreTest, TimeoutsAreDeadlineExceededNamingTheKey) {
   EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded) << waited;
 }
 
-TEST_F(TorchStoreTest, WhatC10dLacksIsUnimplemented) {
+#if TORCH_VERSION_MAJOR >= 2
+TEST_F(TorchStoreTest, MultiSetAndAppendUseTorch2sCalls) {
+  ASSERT_TRUE(store_.MultiSet({"a", "b"}, {"1", "2"}).ok());
+  ASSERT_TRUE(store_.Append("a", "+").ok());
+  EXPECT_EQ(*store_.MultiGet({"b", "a"}, absl::Seconds(1)),
+            (std::vector<std::string>{"2", "1+"}));
+}
+#else
+TEST_F(TorchStoreTest, MultiSetAndAppendAreUnimplementedIn113) {
   EXPECT_EQ(store_.Append("a", "b").code(), absl::StatusCode::kUnimplemented);
   EXPECT_EQ(store_.MultiSet({"a"}, {"b"}).code(),
             absl::StatusCode::kUnimplemented);
+}
+#endif
+
+TEST_F(TorchStoreTest, WhatC10dLacksIsUnimplemented) {
   absl::StatusOr<KeyList> listed = store_.ListKeys("");
   EXPECT_EQ(listed.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(listed.status().message().find("list_keys"), std::string::npos);

@@ -1,15 +1,18 @@
 // TorchWork: a torch c10d::Work over a cohort Work (process_group.h), as
 // ProcessGroupCohort's ops return it.
 //
-// It completes when the cohort op does, on the backend thread that ends it:
+// It completes when the cohort op does. On the backend thread that ends it,
 // first `finish` runs (it copies results out of staging buffers into the
-// caller's tensors), then the work's own state is set, then the future
-// completes with the output tensors (or the error). isCompleted() and
-// wait() answer for both, so whoever sees the work complete, through
-// either, sees the outputs filled and the future done. A failed op
-// is a std::runtime_error ("cohort: DEADLINE_EXCEEDED: AllReduce SUM of 4
-// f32 on rank 1 of 2: ..."), thrown by wait() and held by exception() and
-// the future; Python sees a RuntimeError.
+// caller's tensors), then the work's own state is set; then the future
+// completes with the output tensors (or the error) on a thread of its own,
+// not the backend's: the future runs its callbacks there, and torch's may
+// issue another op of the group and wait for it (DDP's PowerSGD hook does),
+// which needs the backend's threads free. So whoever sees the work complete
+// (isCompleted(), the future) sees the outputs filled, and wait() returns
+// once the future is done too. A failed op is a std::runtime_error
+// ("cohort: DEADLINE_EXCEEDED: AllReduce SUM of 4 f32 on rank 1 of 2:
+// ..."), thrown by wait() and held by exception() and the future; Python
+// sees a RuntimeError.
 #ifndef COHORT_WORKER_TORCH_TORCH_WORK_H_
 #define COHORT_WORKER_TORCH_TORCH_WORK_H_
 
@@ -40,11 +43,19 @@ class TorchWork final : public c10d::Work {
                                             std::vector<at::Tensor> keep,
                                             Finish finish = nullptr);
 
+  // Waits until the futures of the ops that have completed have run their
+  // callbacks, or `timeout` passes; whether they have. cohort_torch calls it
+  // (without the GIL) before Python finalizes: a callback still running
+  // then, on its own thread, dies trying to take the GIL and aborts the
+  // process (as it would on torch's gloo's threads).
+  static bool WaitForFutures(std::chrono::milliseconds timeout);
+
   // Use Wrap: it also ties the new object to `work`'s completion.
   TorchWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
             std::vector<at::Tensor> keep, Finish finish);
 
-  // Whether the future has completed (the work's own state is set first).
+  // Whether the op has completed and its outputs are filled (the future
+  // completes right after, on another thread).
   bool isCompleted() override;
   // c10d::Work's wait (throws the op's error), then until the future is
   // complete. isSuccess and exception are c10d::Work's.

@@ -1,6 +1,7 @@
 #include "worker/torch/torch_work.h"
 
 #include <atomic>
+#include <future>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -36,6 +37,31 @@ TEST(TorchWorkTest, FinishRunsBeforeTheWorkAndItsFutureComplete) {
   EXPECT_TRUE(value[0].is_same(out));
   EXPECT_TRUE(wrapped->result()[0].is_same(out));
   backend.join();
+}
+
+// As PowerSGD's DDP hook does: a callback on one op's future waits for the
+// next op, which the same backend thread completes. The callback must not
+// run on that thread (it would wait for itself).
+TEST(TorchWorkTest, AFutureCallbackMayWaitForTheNextOpOfTheBackendThread) {
+  auto first = std::make_shared<Work>();
+  auto second = std::make_shared<Work>();
+  c10::intrusive_ptr<TorchWork> wrapped_first =
+      TorchWork::Wrap(first, 0, c10d::OpType::ALLREDUCE, {}, {});
+  c10::intrusive_ptr<TorchWork> wrapped_second =
+      TorchWork::Wrap(second, 0, c10d::OpType::ALLREDUCE, {}, {});
+  std::promise<void> waited;
+  wrapped_first->getFuture()->addCallback([&](c10::ivalue::Future&) {
+    wrapped_second->getFuture()->wait();
+    waited.set_value();
+  });
+  std::thread backend([&] {
+    first->Complete(absl::OkStatus());
+    second->Complete(absl::OkStatus());
+  });
+  backend.join();
+  // Fails rather than hangs if the callback is stuck.
+  EXPECT_EQ(waited.get_future().wait_for(std::chrono::seconds(60)),
+            std::future_status::ready);
 }
 
 TEST(TorchWorkTest, AFailedOpIsARuntimeErrorWithCohortsStatus) {
