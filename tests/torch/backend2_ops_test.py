@@ -193,6 +193,39 @@ class Job(backend_ops_test.Job):
         self.exact("all_gather into views of one tensor", flat,
                   torch.arange(world).repeat_interleave(3))
 
+        # Separate output tensors go through the group's staging buffer,
+        # which one op reuses only when no op in flight holds it: three list
+        # all_gathers and reduce_scatters in flight at once (each needs a
+        # buffer of its own), then the same one after the other (each reuses
+        # the cached one, which a bigger op replaces).
+        for how, together in (("in flight at once", True), ("in turn", False)):
+            for sizes in ((5, 5, 5), (2, 7, 3)):
+                pending = []  # (work, [(what, got, want)])
+                for k, n in enumerate(sizes):
+                    outs = [torch.full((n,), -1.0) for _ in range(world)]
+                    work = dist.all_gather(outs, torch.full((n,), rank * 10.0 + k),
+                                           async_op=True)
+                    pending.append((work, [
+                        (f"list all_gather {sizes} {how}", o,
+                         torch.full((n,), r * 10.0 + k))
+                        for r, o in enumerate(outs)]))
+                    # Rank r's output: the sum over ranks q of ins_q[r].
+                    out = torch.zeros(n)
+                    ins = [torch.full((n,), (rank + 1) * 100.0 + j + k)
+                           for j in range(world)]
+                    work = dist.reduce_scatter(out, ins, async_op=True)
+                    total = sum((q + 1) * 100.0 for q in range(world))
+                    pending.append((work, [(
+                        f"list reduce_scatter {sizes} {how}", out,
+                        torch.full((n,), total + world * (rank + k)))]))
+                    if not together:
+                        for work, checks in pending[-2:]:
+                            work.wait()
+                for work, checks in pending:
+                    work.wait()
+                    for what, got, want in checks:
+                        self.exact(what, got, want)
+
     def refusals(self):
         """backend_ops_test's refusals, but for complex tensors: torch 2.x
         hands every backend a complex tensor's broadcast as a view of float

@@ -126,14 +126,6 @@ BufferView Consecutive(const Tensors& tensors, Dtype dtype) {
   return BufferView{tensors[0].data_ptr(), count, dtype};
 }
 
-// The tensors of a list laid end to end in one new flat tensor.
-at::Tensor Flatten(const Tensors& tensors) {
-  Tensors flat;
-  flat.reserve(tensors.size());
-  for (const at::Tensor& tensor : tensors) flat.push_back(tensor.reshape(-1));
-  return at::cat(flat);
-}
-
 std::vector<size_t> Counts(const Tensors& tensors) {
   std::vector<size_t> counts;
   for (const at::Tensor& tensor : tensors) counts.push_back(tensor.numel());
@@ -360,6 +352,34 @@ ProcessGroupCohort::~ProcessGroupCohort() {
   }
 }
 
+at::Tensor ProcessGroupCohort::Staging(int64_t numel, const at::Tensor& like) {
+  const int64_t bytes = numel * static_cast<int64_t>(like.element_size());
+  absl::MutexLock lock(&staging_mu_);
+  // Free when no view of it is alive: each view holds a reference to its
+  // storage, and only issuers (under staging_mu_) make new ones.
+  const bool free =
+      staging_.defined() && staging_.storage().use_count() == 1;
+  if (free && staging_.numel() < bytes) staging_ = at::Tensor();
+  if (!staging_.defined()) {
+    staging_ = at::empty({bytes}, like.options().dtype(at::kByte));
+  } else if (!free) {
+    return at::empty({numel}, like.options());
+  }
+  return staging_.narrow(0, 0, bytes).view(like.scalar_type());
+}
+
+at::Tensor ProcessGroupCohort::Flatten(const Tensors& tensors) {
+  int64_t numel = 0;
+  for (const at::Tensor& tensor : tensors) numel += tensor.numel();
+  at::Tensor flat = Staging(numel, tensors[0]);
+  int64_t offset = 0;
+  for (const at::Tensor& tensor : tensors) {
+    flat.narrow(0, offset, tensor.numel()).view(tensor.sizes()).copy_(tensor);
+    offset += tensor.numel();
+  }
+  return flat;
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::Submit(Issued op,
                                                           OpType type) {
   {
@@ -485,8 +505,7 @@ ProcessGroupCohort::Issued ProcessGroupCohort::AllGatherList(Tensors& out,
   issued.keep.insert(issued.keep.end(), {input, dense});
   BufferView gathered = Consecutive(out, dtype);
   if (gathered.data == nullptr) {
-    at::Tensor staging =
-        at::empty({static_cast<int64_t>(Total(counts))}, input.options());
+    at::Tensor staging = Staging(static_cast<int64_t>(Total(counts)), input);
     gathered = View(staging, dtype);
     issued.keep.push_back(staging);
     issued.finish = Unflatten(staging, out);
@@ -593,7 +612,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::gather(
     issued.keep.insert(issued.keep.end(), out.begin(), out.end());
     gathered = Consecutive(out, dtype);
     if (gathered.data == nullptr) {
-      at::Tensor staging = at::empty({input.numel() * size_}, input.options());
+      at::Tensor staging = Staging(input.numel() * size_, input);
       gathered = View(staging, dtype);
       issued.keep.push_back(staging);
       issued.finish = Unflatten(staging, out);
@@ -782,8 +801,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCohort::alltoall(
   const std::vector<size_t> recv_counts = Counts(outputs);
   BufferView out = Consecutive(outputs, dtype);
   if (out.data == nullptr) {
-    at::Tensor staging = at::empty({static_cast<int64_t>(Total(recv_counts))},
-                                   inputs[0].options());
+    at::Tensor staging =
+        Staging(static_cast<int64_t>(Total(recv_counts)), inputs[0]);
     out = View(staging, dtype);
     issued.keep.push_back(staging);
     issued.finish = Unflatten(staging, outputs);

@@ -201,7 +201,19 @@ class ProcessGroupCohort final : public TorchBackend {
   Issued ReduceScatterFlat(at::Tensor& output, at::Tensor& input,
                            const c10d::ReduceOp& reduce_op, const char* op);
 
+  // A flat tensor of `numel` elements like `like`, for a list form's staging
+  // copy: a view of the cached staging buffer when no op in flight holds it
+  // (so a steady loop of list ops neither allocates nor page-faults its
+  // staging memory again), else a new tensor. The cache keeps the largest
+  // staging buffer asked for while free.
+  at::Tensor Staging(int64_t numel, const at::Tensor& like);
+  // The tensors of a list laid end to end in a Staging tensor.
+  at::Tensor Flatten(const std::vector<at::Tensor>& tensors);
+
   std::unique_ptr<cohort::ProcessGroup> group_;
+
+  absl::Mutex staging_mu_;
+  at::Tensor staging_ ABSL_GUARDED_BY(staging_mu_);  // bytes (kByte)
 
   // Between startCoalescing and endCoalescing: the ops issued meanwhile.
   absl::Mutex mu_;
