@@ -21,6 +21,8 @@ import sys
 
 import torch
 
+import program2_compare
+
 U = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 # Half the spacing of the subnormals: the most a rounding into the
 # subnormal range can lose, where the relative bound u no longer holds.
@@ -95,14 +97,6 @@ def load(directory, backend, world):
     return records
 
 
-def bits(t):
-    """A float tensor's bytes (so -0.0 differs from 0.0, and NaN equals
-    itself); other tensors as they are."""
-    if not t.is_floating_point():
-        return t
-    return t.detach().contiguous().view(-1).view(torch.uint8)
-
-
 class Checks:
     """Counts failures; each message says what differs, where, by how much
     and what the bound was."""
@@ -131,7 +125,7 @@ class Checks:
         if a.dtype != b.dtype or a.shape != b.shape:
             self.fail(f"{what}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}")
             return False
-        if not torch.equal(bits(a), bits(b)):
+        if not program2_compare.same_bits(a, b):
             diff = (a.double() - b.double()).abs()
             i = int(diff.view(-1).argmax())
             n = int((a != b).sum())

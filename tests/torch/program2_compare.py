@@ -1,5 +1,6 @@
 """Bit-for-bit comparison of tensors and (nested) state dicts, for the
-check phases of tests/torch/program2_{pipeline,dcp,elastic}.py: each
+check phases of tests/torch/program2_{pipeline,dcp,elastic}.py (and the
+bit test under program2_check.Checks.equal): each
 difference comes back as a sentence that names the entry and how far
 apart the values are."""
 import torch
