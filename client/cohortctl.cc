@@ -2,6 +2,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -20,6 +21,7 @@
 #include "client/auth_client.h"
 #include "client/info_client.h"
 #include "client/remote_store.h"
+#include "client/rendezvous_client.h"
 #include "proto/auth/roles.h"
 
 ABSL_FLAG(std::string, addr, "",
@@ -64,6 +66,11 @@ Commands:
   num-keys                  print the number of keys
   watch [PREFIX] [--from_revision=R]
                             print changes under PREFIX until interrupted
+  participants RUN [START END]
+                            print the nodes of RUN's last completed round
+                            (node ranks START to END-1; default all), one a
+                            line: NODE_RANK NODE_ID ADDRESS LOCAL_WORLD_SIZE
+                            FIRST_GLOBAL_RANK
   info                      print what cohortd is, a NAME VALUE a line:
                             version, engine, server_id, and its TCPStore
                             listener: tcpstore HOST:PORT to dial (or
@@ -263,6 +270,33 @@ int InfoCommand(const std::vector<std::string>& args,
   return 0;
 }
 
+int ParticipantsCommand(const std::vector<std::string>& args,
+                        const cohort::ConnectionOptions& options) {
+  int start = 0, end = -1;
+  if ((args.size() != 1 && args.size() != 3) ||
+      (args.size() == 3 && (!absl::SimpleAtoi(args[1], &start) ||
+                            !absl::SimpleAtoi(args[2], &end)))) {
+    return Usage("participants takes: RUN [START END] (node ranks)");
+  }
+  auto client = cohort::RendezvousClient::Connect(options);
+  if (!client.ok()) return Fail(client.status());
+  absl::StatusOr<cohort::RunStatus> status = (*client)->GetRunStatus(args[0]);
+  if (!status.ok()) return Fail(status.status());
+  if (end < 0) end = status->num_participants;
+  // A page at a time, all of one round: ABORTED if the run moves on.
+  constexpr int kPage = 10000;
+  for (int first = start; first < end; first += kPage) {
+    auto peers = (*client)->GetPeers(args[0], status->round,
+                                     {{first, std::min(end, first + kPage)}});
+    if (!peers.ok()) return Fail(peers.status());
+    for (const cohort::RendezvousPeer& p : *peers) {
+      PrintLine(absl::StrCat(p.node_rank, " ", p.node_id, " ", p.address, " ",
+                             p.local_world_size, " ", p.first_global_rank));
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   // Blocked before any thread (gRPC's included) starts, so `watch` can take
   // them with sigtimedwait.
@@ -293,6 +327,10 @@ int main(int argc, char** argv) {
   if (command == "info") {
     pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
     return InfoCommand(args, options);
+  }
+  if (command == "participants") {
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+    return ParticipantsCommand(args, options);
   }
   auto connected = cohort::RemoteStore::Connect(options);
   if (!connected.ok()) return Fail(connected.status());

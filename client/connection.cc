@@ -280,6 +280,7 @@ Connection::Connection(const ConnectionOptions& options,
   // After a failed connection gRPC re-resolves the address, by default at
   // most every 30 s; a restarted cohortd must not wait on that.
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
+  base::UseTcpKeepalive(options.keepalive, &args);
   if (!options.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(options.tls_server_name);
   }

@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/tcp_keepalive.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/security/credentials.h"
@@ -69,6 +70,14 @@ struct ConnectionOptions {
   std::string tls_server_name;
   // Whether empty credentials are taken from the environment.
   bool credentials_from_env = true;
+
+  // Kernel TCP keepalive on the connection (base/tcp_keepalive.h): when
+  // cohortd's host goes away or is cut off, the calls waiting on it fail
+  // UNAVAILABLE within keepalive.idle + keepalive.timeout instead of at
+  // their deadlines. cohortd's kernel answers the probes, so a saturated
+  // or stopped cohortd is never taken for dead (gRPC's HTTP/2 pings, which
+  // need its threads, are not sent).
+  base::TcpKeepalive keepalive;
 };
 
 // The token in the first line of `path` (blanks around it dropped);

@@ -1,10 +1,14 @@
 #include "client/rendezvous_client.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "cohort/v1/coordination.grpc.pb.h"
 
 namespace cohort {
 namespace {
+
+constexpr int kPageSize = 10000;
 
 RendezvousPeer ToPeer(const v1::Participant& p) {
   return RendezvousPeer{p.node_id(), p.address(), p.local_world_size(),
@@ -46,6 +50,7 @@ class GrpcRendezvousClient final : public RendezvousClient {
     result.first_global_rank = resp.first_global_rank();
     result.store_prefix = resp.store_prefix();
     if (resp.participants_size() < resp.num_nodes()) {
+      if (!options.list_peers) return result;
       // A large round: the list is read a page at a time.
       if (absl::Status s =
               ListParticipants(options.run_id, resp.round(), result.peers);
@@ -63,6 +68,7 @@ class GrpcRendezvousClient final : public RendezvousClient {
   absl::StatusOr<RunStatus> GetRunStatus(const std::string& run_id) override {
     v1::GetRunStateRequest req;
     req.set_run_id(run_id);
+    req.set_omit_participants(true);
     v1::RunState state;
     if (absl::Status s = connection_->Call(
             "rendezvous state",
@@ -77,11 +83,40 @@ class GrpcRendezvousClient final : public RendezvousClient {
         state.phase() == v1::RunState::COMPLETE ? RunStatus::Phase::kComplete
         : state.phase() == v1::RunState::CLOSED ? RunStatus::Phase::kClosed
                                                 : RunStatus::Phase::kCollecting;
-    status.num_participants = state.participants_size();
+    // A cohortd older than omit_participants lists them instead.
+    status.num_participants =
+        std::max(state.num_participants(), state.participants_size());
     status.num_waiting = state.num_waiting();
     status.min_nodes = state.min_nodes();
     status.max_nodes = state.max_nodes();
     return status;
+  }
+
+  absl::StatusOr<std::vector<RendezvousPeer>> GetPeers(
+      const std::string& run_id, int64_t round,
+      const std::vector<PeerRange>& ranges) override {
+    v1::GetParticipantsRequest req;
+    req.set_run_id(run_id);
+    if (round >= 0) req.set_round(round);
+    for (const PeerRange& range : ranges) {
+      v1::NodeRankRange* r = req.add_ranges();
+      r->set_start_node_rank(range.start_node_rank);
+      r->set_end_node_rank(range.end_node_rank);
+    }
+    v1::GetParticipantsResponse resp;
+    if (absl::Status s = connection_->Call(
+            "rendezvous peers",
+            CallOptions::Retryable(connection_->options().rpc_timeout),
+            stub_.get(), &v1::Rendezvous::Stub::GetParticipants, req, &resp);
+        !s.ok()) {
+      return s;
+    }
+    std::vector<RendezvousPeer> peers;
+    peers.reserve(resp.participants_size());
+    for (const v1::Participant& p : resp.participants()) {
+      peers.push_back(ToPeer(p));
+    }
+    return peers;
   }
 
   absl::Status CloseRun(const std::string& run_id) override {
@@ -100,6 +135,9 @@ class GrpcRendezvousClient final : public RendezvousClient {
                                 std::vector<RendezvousPeer>& peers) {
     v1::ListParticipantsRequest req;
     req.set_run_id(run_id);
+    // The most a page holds: cohortd cuts pages from one shared copy of
+    // the list, so large pages cost it no more than small ones.
+    req.set_page_size(kPageSize);
     do {
       v1::ListParticipantsResponse page;
       if (absl::Status s = connection_->Call(
@@ -129,6 +167,12 @@ class GrpcRendezvousClient final : public RendezvousClient {
 };
 
 }  // namespace
+
+absl::StatusOr<std::vector<RendezvousPeer>> RendezvousClient::GetPeers(
+    const std::string& run_id, int64_t round,
+    const std::vector<PeerRange>& ranges) {
+  return absl::UnimplementedError("GetPeers is not implemented here");
+}
 
 absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Connect(
     const ConnectionOptions& connection) {

@@ -24,6 +24,17 @@ struct RendezvousOptions {
   int max_nodes = 1;
   absl::Duration join_timeout = absl::Seconds(600);
   absl::Duration last_call_timeout = absl::Seconds(30);
+  // Whether Join fills RendezvousResult::peers with every node of a round
+  // too large for the join's reply (more than 256 nodes): N nodes each
+  // reading N peers is O(N^2) bytes over the round. False leaves peers
+  // empty; read the ones this node talks to with GetPeers.
+  bool list_peers = true;
+};
+
+// Node ranks [start_node_rank, end_node_rank).
+struct PeerRange {
+  int start_node_rank = 0;
+  int end_node_rank = 0;
 };
 
 struct RendezvousPeer {
@@ -40,7 +51,9 @@ struct RendezvousResult {
   int num_nodes = 0;
   int world_size = 0;
   int first_global_rank = 0;
-  std::vector<RendezvousPeer> peers;  // In node-rank order.
+  // In node-rank order; empty for a round of more than 256 nodes joined
+  // with list_peers false.
+  std::vector<RendezvousPeer> peers;
   std::string store_prefix;
 };
 
@@ -64,15 +77,26 @@ class RendezvousClient {
 
   // Joins the next round and blocks until it completes (or join_timeout:
   // DEADLINE_EXCEEDED saying how many of min_nodes arrived). The result
-  // lists every peer: a round too large for the join's reply has its list
-  // read with ListParticipants, and fails with ABORTED (join again) if a
-  // newer round completes before it is read.
+  // lists every peer (but see list_peers): a round too large for the
+  // join's reply has its list read with ListParticipants, 10,000 a call,
+  // and fails with ABORTED (join again) if a newer round completes before
+  // it is read.
   virtual absl::StatusOr<RendezvousResult> Join(
       const RendezvousOptions& options) = 0;
 
+  // The peers of `ranges` (node ranks) of the run's round `round`, in the
+  // order of the ranges: a node's ring neighbours, tree parent and
+  // children, or the root (node rank 0), without reading all N. At most
+  // 64 ranges and 10,000 peers a call. ABORTED if the run's last
+  // completed round is not `round` (join again; a negative round takes
+  // whichever is last); INVALID_ARGUMENT names a range outside
+  // [0, num_nodes).
+  virtual absl::StatusOr<std::vector<RendezvousPeer>> GetPeers(
+      const std::string& run_id, int64_t round,
+      const std::vector<PeerRange>& ranges);
+
   // The run's round and phase, and how many nodes wait for the next round.
-  virtual absl::StatusOr<RunStatus> GetRunStatus(
-      const std::string& run_id) = 0;
+  virtual absl::StatusOr<RunStatus> GetRunStatus(const std::string& run_id) = 0;
 
   // Closes the run: pending and later joins fail with FAILED_PRECONDITION.
   virtual absl::Status CloseRun(const std::string& run_id) = 0;

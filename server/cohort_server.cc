@@ -7,6 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/tcp_keepalive.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -149,6 +150,8 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   const size_t max_message = std::max<size_t>(
       64 << 20, limits.max_value_bytes + limits.max_key_bytes + (1 << 20));
   grpc::ServerBuilder builder;
+  const base::TcpKeepalive keepalive{.idle = options.keepalive_time,
+                                     .timeout = options.keepalive_timeout};
   if (!options.metrics_listen.empty()) {
     server->metrics_ = std::make_unique<Metrics>();
     if (absl::Status s = server->metrics_->Serve(options.metrics_listen);
@@ -175,6 +178,7 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
     auto listener = Listener::Bind(options.listen,
                                    {.max_connections = options.max_connections,
                                     .budget = server->budget_.get(),
+                                    .keepalive = keepalive,
                                     .log = options.log});
     if (!listener.ok()) return listener.status();
     server->listener_ = std::move(*listener);
@@ -194,13 +198,15 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                                ToMillisArg(options.idle_timeout));
   }
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
-                             ToMillisArg(options.keepalive_time));
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                             ToMillisArg(options.keepalive_timeout));
-  // Clients may ping as often as every 10 s (RemoteStore's keepalive).
+  // Dead clients are found by the kernel's keepalive, which a busy client
+  // still answers; gRPC's HTTP/2 pings, which need its threads, are off
+  // (the Listener sets the same on the connections it accepts).
+  base::UseTcpKeepalive(keepalive, &builder);
+  // Clients with a keepalive of their own may ping every 10 s (gRPC's
+  // common setting) with room for their timers' jitter: two pings closer
+  // than this (strikes) would make gRPC close the connection, calls and all.
   builder.AddChannelArgument(
-      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {

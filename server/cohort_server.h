@@ -104,9 +104,14 @@ struct ServerOptions {
   // A connection with no call in flight for this long is closed (the client
   // reconnects on its next call); 0 keeps idle connections forever.
   absl::Duration idle_timeout = absl::Minutes(30);
-  // Pings on a connection quiet for this long, and drops it if the peer
-  // does not answer within keepalive_timeout: a dead client's blocked calls
-  // and watches are ended instead of held forever.
+  // Kernel TCP keepalive (base/tcp_keepalive.h): a connection quiet for
+  // keepalive_time is probed, and dropped if the peer's host answers
+  // nothing for keepalive_timeout (or leaves sent data unacknowledged for
+  // both together): a dead client's blocked calls and watches are ended
+  // within keepalive_time + keepalive_timeout instead of held forever. The
+  // peer's kernel answers, so a client too busy to run its gRPC threads
+  // (or stopped) keeps its calls; gRPC's HTTP/2 keepalive pings, which
+  // need those threads, are off. 0 keepalive_time: no keepalive.
   absl::Duration keepalive_time = absl::Minutes(1);
   absl::Duration keepalive_timeout = absl::Seconds(20);
   // How often health follows the store's writability (a full disk turns it

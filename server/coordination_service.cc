@@ -2,7 +2,12 @@
 
 #include <optional>
 #include <utility>
+#include <vector>
 
+#include "grpcpp/channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
 #include "server/reactors.h"
 
 namespace cohort::server {
@@ -78,6 +83,57 @@ std::optional<Coordination> Begin(Authenticator* auth,
   return LeaderOrPassOn(slot, ctx, reactor, std::move(pass_on));
 }
 
+// A slice's reference to the ParticipantList it points into.
+void UnrefList(void* list) {
+  delete static_cast<std::shared_ptr<const ParticipantList>*>(list);
+}
+
+// The reply as a byte buffer of slices that reference the shared list: no
+// copy of the participants (only the short tail is copied).
+grpc::ByteBuffer ToByteBuffer(const ParticipantsReply& reply) {
+  std::vector<grpc::Slice> slices;
+  slices.reserve(reply.pieces.size() + 1);
+  for (absl::string_view piece : reply.pieces) {
+    if (piece.empty()) continue;
+    slices.emplace_back(const_cast<char*>(piece.data()), piece.size(),
+                        &UnrefList,
+                        new std::shared_ptr<const ParticipantList>(reply.list));
+  }
+  if (!reply.tail.empty()) slices.emplace_back(reply.tail);
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+// A raw participants method: parses `bytes` as a Request, checks the token,
+// and answers with `serve`'s reply; a follower passes the bytes on to the
+// leader as they are.
+template <typename Request, typename Serve>
+grpc::ServerUnaryReactor* ServeParticipants(
+    Authenticator* auth, const CoordinationSlot& slot,
+    grpc::CallbackServerContext* ctx, const std::string& method,
+    const grpc::ByteBuffer* bytes, grpc::ByteBuffer* resp, Serve serve) {
+  Request req;
+  grpc::ByteBuffer shared(*bytes);  // Deserialize consumes its buffer.
+  if (!grpc::SerializationTraits<Request>::Deserialize(&shared, &req).ok()) {
+    return FinishNow(ctx, absl::InvalidArgumentError(absl::StrCat(
+                              "the request to ", method, " is not a ",
+                              Request::descriptor()->full_name())));
+  }
+  grpc::ServerUnaryReactor* passed_on = nullptr;
+  std::optional<Coordination> coordination = Begin(
+      auth, slot, ctx, "run", req.run_id(), Access::kRead, &passed_on,
+      [&method, bytes, resp](Forwarded* call, auto done) {
+        grpc::GenericStub stub{
+            std::shared_ptr<grpc::ChannelInterface>(call->stubs().channel)};
+        stub.UnaryCall(call->client(), method, grpc::StubOptions(), bytes, resp,
+                       std::move(done));
+      });
+  if (!coordination.has_value()) return passed_on;
+  absl::StatusOr<ParticipantsReply> reply =
+      serve(*coordination->rendezvous, req);
+  if (reply.ok()) *resp = ToByteBuffer(*reply);
+  return FinishNow(ctx, reply.status());
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* RendezvousService::Join(
@@ -118,7 +174,7 @@ grpc::ServerUnaryReactor* RendezvousService::GetRunState(
             });
   if (!coordination.has_value()) return passed_on;
   absl::StatusOr<v1::RunState> state =
-      coordination->rendezvous->GetRunState(req->run_id());
+      coordination->rendezvous->GetRunState(*req);
   if (state.ok()) *resp = std::move(*state);
   return FinishNow(ctx, state.status());
 }
@@ -138,20 +194,25 @@ grpc::ServerUnaryReactor* RendezvousService::CloseRun(
 }
 
 grpc::ServerUnaryReactor* RendezvousService::ListParticipants(
-    grpc::CallbackServerContext* ctx, const v1::ListParticipantsRequest* req,
-    v1::ListParticipantsResponse* resp) {
-  grpc::ServerUnaryReactor* passed_on = nullptr;
-  std::optional<Coordination> coordination =
-      Begin(auth_, *slot_, ctx, "run", req->run_id(), Access::kRead, &passed_on,
-            [req, resp](Forwarded* call, auto done) {
-              call->stubs().rendezvous->async()->ListParticipants(
-                  call->client(), req, resp, std::move(done));
-            });
-  if (!coordination.has_value()) return passed_on;
-  absl::StatusOr<v1::ListParticipantsResponse> r =
-      coordination->rendezvous->ListParticipants(*req);
-  if (r.ok()) *resp = std::move(*r);
-  return FinishNow(ctx, r.status());
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+    grpc::ByteBuffer* resp) {
+  static const std::string kMethod = "/cohort.v1.Rendezvous/ListParticipants";
+  return ServeParticipants<v1::ListParticipantsRequest>(
+      auth_, *slot_, ctx, kMethod, req, resp,
+      [](Rendezvous& rendezvous, const v1::ListParticipantsRequest& r) {
+        return rendezvous.ListParticipantsBytes(r);
+      });
+}
+
+grpc::ServerUnaryReactor* RendezvousService::GetParticipants(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+    grpc::ByteBuffer* resp) {
+  static const std::string kMethod = "/cohort.v1.Rendezvous/GetParticipants";
+  return ServeParticipants<v1::GetParticipantsRequest>(
+      auth_, *slot_, ctx, kMethod, req, resp,
+      [](Rendezvous& rendezvous, const v1::GetParticipantsRequest& r) {
+        return rendezvous.GetParticipantsBytes(r);
+      });
 }
 
 grpc::ServerUnaryReactor* MembershipService::JoinGroup(

@@ -16,7 +16,13 @@ namespace cohort::server {
 
 struct WatchGauges;  // reactors.h
 
-class RendezvousService final : public v1::Rendezvous::CallbackService {
+// ListParticipants and GetParticipants are raw methods: their replies are
+// pieces of the round's one shared serialization (ParticipantList), sent
+// as slices that reference it, so N readers cost no copy each.
+class RendezvousService final
+    : public v1::Rendezvous::WithRawCallbackMethod_ListParticipants<
+          v1::Rendezvous::WithRawCallbackMethod_GetParticipants<
+              v1::Rendezvous::CallbackService>> {
  public:
   // `auth` checks that each call's token covers its run id (auth.h); null:
   // auth off. Neither is owned.
@@ -33,9 +39,14 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   grpc::ServerUnaryReactor* CloseRun(grpc::CallbackServerContext* ctx,
                                      const v1::CloseRunRequest* req,
                                      v1::CloseRunResponse* resp) override;
-  grpc::ServerUnaryReactor* ListParticipants(
-      grpc::CallbackServerContext* ctx, const v1::ListParticipantsRequest* req,
-      v1::ListParticipantsResponse* resp) override;
+  // A v1.ListParticipantsRequest in, a v1.ListParticipantsResponse out.
+  grpc::ServerUnaryReactor* ListParticipants(grpc::CallbackServerContext* ctx,
+                                             const grpc::ByteBuffer* req,
+                                             grpc::ByteBuffer* resp) override;
+  // A v1.GetParticipantsRequest in, a v1.GetParticipantsResponse out.
+  grpc::ServerUnaryReactor* GetParticipants(grpc::CallbackServerContext* ctx,
+                                            const grpc::ByteBuffer* req,
+                                            grpc::ByteBuffer* resp) override;
 
  private:
   const CoordinationSlot* const slot_;

@@ -239,6 +239,7 @@ void Listener::AcceptLoop() {
     }
     int one = 1;
     setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    base::SetTcpKeepalive(conn, options_.keepalive).IgnoreError();
     absl::ReleasableMutexLock lock(&mu_);
     open_[conn] = Inode(conn);
     lock.Release();

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/log_limiter.h"
+#include "base/tcp_keepalive.h"
 #include "grpcpp/server.h"
 
 namespace cohort::server {
@@ -82,6 +83,8 @@ struct ListenerOptions {
   // Shared with cohortd's other listeners, in place of max_connections.
   // Not owned; must outlive the Listener.
   ConnectionBudget* budget = nullptr;
+  // Kernel TCP keepalive set on every accepted connection.
+  base::TcpKeepalive keepalive;
   // Where refusals and fd exhaustion are reported (rate-limited).
   std::function<void(absl::string_view)> log;
 };

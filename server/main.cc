@@ -182,6 +182,18 @@ ABSL_FLAG(uint64_t, quota_connections,
 ABSL_FLAG(absl::Duration, idle_timeout, absl::Minutes(30),
           "close a connection with no call in flight for this long (the "
           "client reconnects on its next call); 0 keeps them forever");
+ABSL_FLAG(absl::Duration, keepalive_time,
+          cohort::server::ServerOptions().keepalive_time,
+          "probe a connection that received nothing for this long with the "
+          "kernel's TCP keepalive (answered by the client's kernel, so a busy "
+          "or stopped client keeps its calls; gRPC's HTTP/2 pings, which "
+          "need the client's threads, are not used); 0: no keepalive");
+ABSL_FLAG(absl::Duration, keepalive_timeout,
+          cohort::server::ServerOptions().keepalive_timeout,
+          "drop a probed connection whose peer's host answers nothing for "
+          "this long (a dead or cut-off client is found within "
+          "--keepalive_time + --keepalive_timeout, and its blocked calls "
+          "end)");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5),
           "on SIGTERM/SIGINT, how long calls in flight get to finish");
 
@@ -275,6 +287,14 @@ int main(int argc, char** argv) {
       "        [--tls_cert=PEM --tls_key=PEM [--tls_client_ca=PEM]]\n"
       "        [--auth_tokens=FILE] [--health_listen=HOST:PORT]\n"
       "The cohort coordinator: a c10d-style key-value store over gRPC.");
+  // Debian builds Abseil without NDEBUG, which leaves absl::Mutex's deadlock
+  // detection on: every Lock looks its mutex up, under one global spinlock,
+  // in a graph whose index has a fixed 8,171 hash chains and holds every
+  // live mutex ever locked. With a mutex per call in flight (gRPC's and
+  // ours) each Lock costs O(calls / 8171), so N parked calls cost O(N^2):
+  // at 30,000 members it was 18% of a barrier's CPU. Tests keep the check;
+  // the server does without it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // Whether --tcpstore_listen was given (absl keeps that to itself).
   bool tcpstore_explicit = false;
   for (int i = 1; i < argc; ++i) {
@@ -463,6 +483,8 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_tcpstore_max_queue_bytes);
   options.tcpstore_spin = absl::GetFlag(FLAGS_tcpstore_spin);
   options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);
+  options.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
+  options.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
   options.log = [](absl::string_view line) { Log(std::string(line)); };
   options.store_service.watch_buffer_bytes =
       absl::GetFlag(FLAGS_watch_buffer_bytes);

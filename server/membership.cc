@@ -63,10 +63,12 @@ Membership::Membership(store::KvStore* store, absl::Duration sweep_period)
           const absl::string_view group = name.substr(0, name.find('/'));
           Live& live =
               groups_[std::string(group)].members[record.member().name()];
+          live.group = std::string(group);
           live.info = std::move(*record.mutable_member());
           live.alive = record.type() == v1::MemberEvent::JOINED ||
                        record.type() == v1::MemberEvent::ERROR_REPORTED;
           live.deadline = now + LeaseTimeout(live.info);
+          if (live.alive) leases_.emplace(live.deadline, &live);
           last_incarnation_ =
               std::max(last_incarnation_, live.info.incarnation());
         });
@@ -130,6 +132,17 @@ absl::StatusOr<Membership::Live*> Membership::FindLocked(
       "': it left, was declared failed or was replaced; join again"));
 }
 
+void Membership::RenewLocked(Live& live, absl::Time deadline) {
+  leases_.erase({live.deadline, &live});
+  live.deadline = deadline;
+  leases_.emplace(deadline, &live);
+}
+
+void Membership::EndLocked(Live& live) {
+  leases_.erase({live.deadline, &live});
+  live.alive = false;
+}
+
 absl::StatusOr<v1::JoinGroupResponse> Membership::Join(
     const v1::JoinGroupRequest& req) {
   if (absl::Status s = ValidateId("group", req.group()); !s.ok()) return s;
@@ -161,7 +174,7 @@ absl::StatusOr<v1::JoinGroupResponse> Membership::Join(
     auto old = group.members.find(req.name());
     if (old != group.members.end() && old->second.alive) {
       const std::string why = "replaced by a new incarnation (restarted)";
-      old->second.alive = false;
+      EndLocked(old->second);
       ++members_failed_;
       if (absl::Status s = RecordLocked(req.group(), old->second.info,
                                         v1::MemberEvent::FAILED, why);
@@ -176,8 +189,10 @@ absl::StatusOr<v1::JoinGroupResponse> Membership::Join(
         !s.ok()) {
       return s;
     }
-    group.members[req.name()] =
-        Live{info, absl::Now() + LeaseTimeout(info), true};
+    // Any earlier incarnation is no longer alive, so holds no lease.
+    Live& live = group.members[req.name()];
+    live = Live{req.group(), info, absl::Now() + LeaseTimeout(info), true};
+    leases_.emplace(live.deadline, &live);
     resp.set_incarnation(info.incarnation());
     resp.set_revision(store_->revision());
   }
@@ -190,7 +205,7 @@ absl::Status Membership::Heartbeat(const v1::HeartbeatRequest& req) {
   absl::StatusOr<Live*> live =
       FindLocked(req.group(), req.name(), req.incarnation());
   if (!live.ok()) return live.status();
-  (*live)->deadline = absl::Now() + LeaseTimeout((*live)->info);
+  RenewLocked(**live, absl::Now() + LeaseTimeout((*live)->info));
   return absl::OkStatus();
 }
 
@@ -201,7 +216,7 @@ absl::Status Membership::Leave(const v1::LeaveGroupRequest& req) {
     absl::StatusOr<Live*> live =
         FindLocked(req.group(), req.name(), req.incarnation());
     if (!live.ok()) return absl::OkStatus();  // Already gone: idempotent.
-    (*live)->alive = false;
+    EndLocked(**live);
     if (absl::Status s = RecordLocked(req.group(), (*live)->info,
                                       v1::MemberEvent::LEFT, "left the group");
         !s.ok()) {
@@ -257,22 +272,20 @@ void Membership::Sweep() {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     const absl::Time now = absl::Now();
-    for (auto& [group_name, group] : groups_) {
-      for (auto& [name, live] : group.members) {
-        if (!live.alive || now < live.deadline) continue;
-        live.alive = false;
-        ++members_failed_;
-        const std::string why = absl::StrCat(
-            "no heartbeat for ", absl::FormatDuration(LeaseTimeout(live.info)),
-            " (", live.info.missed_heartbeats(), " intervals of ",
-            absl::FormatDuration(
-                absl::Milliseconds(live.info.heartbeat_interval_ms())),
-            ")");
-        RecordLocked(group_name, live.info, v1::MemberEvent::FAILED, why)
-            .IgnoreError();
-        AbortBarriersLocked(group, group_name, name,
-                            absl::StrCat("failed: ", why), deferred);
-      }
+    while (!leases_.empty() && leases_.begin()->first <= now) {
+      Live& live = *leases_.begin()->second;
+      EndLocked(live);
+      ++members_failed_;
+      const std::string why = absl::StrCat(
+          "no heartbeat for ", absl::FormatDuration(LeaseTimeout(live.info)),
+          " (", live.info.missed_heartbeats(), " intervals of ",
+          absl::FormatDuration(
+              absl::Milliseconds(live.info.heartbeat_interval_ms())),
+          ")");
+      RecordLocked(live.group, live.info, v1::MemberEvent::FAILED, why)
+          .IgnoreError();
+      AbortBarriersLocked(groups_[live.group], live.group, live.info.name(),
+                          absl::StrCat("failed: ", why), deferred);
     }
     timer_.Schedule(now + sweep_period_, [this] { Sweep(); });
   }
@@ -311,12 +324,20 @@ Membership::BarrierId Membership::Barrier(const v1::BarrierRequest& req,
       Group& group = groups_[req.group()];
       auto [it, created] = group.barriers.try_emplace(req.barrier_id());
       PendingBarrier& barrier = it->second;
-      // Per arrival the work is O(log N), so barriers of thousands of
-      // members stay cheap; the participant list is built once.
-      std::vector<std::string> named(req.participants().begin(),
-                                     req.participants().end());
-      std::sort(named.begin(), named.end());
-      named.erase(std::unique(named.begin(), named.end()), named.end());
+      // Per arrival the work is O(log N) plus reading the participants it
+      // names (each arrival sends them): a list sent as an earlier arrival
+      // sent it is taken as it is, only another one is sorted.
+      const auto& sent = req.participants();
+      const bool as_before =
+          !barrier.named_as.empty() &&
+          std::equal(sent.begin(), sent.end(), barrier.named_as.begin(),
+                     barrier.named_as.end());
+      std::vector<std::string> named;
+      if (!sent.empty() && !as_before) {
+        named.assign(sent.begin(), sent.end());
+        std::sort(named.begin(), named.end());
+        named.erase(std::unique(named.begin(), named.end()), named.end());
+      }
       if (created) {
         barrier.generation = ++group.generations[req.barrier_id()];
         barrier.participants = named;
@@ -350,14 +371,17 @@ Membership::BarrierId Membership::Barrier(const v1::BarrierRequest& req,
             absl::StrCat("'", base::Escape(req.name()),
                          "' is not a participant of barrier '",
                          base::Escape(req.barrier_id()), "'"));
+      } else if (!named.empty() && barrier.named_as.empty()) {
+        barrier.named_as.assign(sent.begin(), sent.end());
       }
       if (!rejected.ok()) {
         deferred.push_back([done, rejected] { done(rejected); });
       } else {
         id = next_barrier_id_++;
         ++barrier_arrivals_;
-        barrier.arrived.push_back(Arrival{id, req.name(), std::move(done)});
-        barrier.here.insert(req.name());
+        barrier.arrived.emplace(id, Arrival{req.name(), std::move(done)});
+        ++barrier.here[req.name()];
+        arrivals_.emplace(id, &barrier);
         // A participant already gone when the barrier starts can never
         // arrive; later failures abort it through AbortBarriersLocked.
         const std::string* gone = nullptr;
@@ -379,14 +403,7 @@ Membership::BarrierId Membership::Barrier(const v1::BarrierRequest& req,
                             deferred);
           id = 0;
         } else if (barrier.here.size() == barrier.participants.size()) {
-          timer_.Cancel(barrier.timer);
-          for (Arrival& a : barrier.arrived) {
-            deferred.push_back(
-                [done = std::move(a.done), generation = barrier.generation] {
-                  done(generation);
-                });
-          }
-          group.barriers.erase(it);
+          EndBarrierLocked(group, it, barrier.generation, deferred);
           id = 0;
         }
       }
@@ -407,22 +424,28 @@ Membership::BarrierId Membership::Barrier(const v1::BarrierRequest& req,
 
 void Membership::CancelBarrier(BarrierId id) {
   absl::MutexLock lock(&mu_);
-  for (auto& [group_name, group] : groups_) {
-    for (auto& [barrier_id, barrier] : group.barriers) {
-      auto& arrived = barrier.arrived;
-      auto it = std::find_if(arrived.begin(), arrived.end(),
-                             [id](const Arrival& a) { return a.id == id; });
-      if (it != arrived.end()) {
-        const std::string name = it->name;
-        arrived.erase(it);
-        if (std::none_of(arrived.begin(), arrived.end(),
-                         [&](const Arrival& a) { return a.name == name; })) {
-          barrier.here.erase(name);
-        }
-        return;
-      }
-    }
+  auto where = arrivals_.find(id);
+  if (where == arrivals_.end()) return;
+  PendingBarrier& barrier = *where->second;
+  arrivals_.erase(where);
+  auto arrival = barrier.arrived.find(id);
+  auto here = barrier.here.find(arrival->second.name);
+  if (--here->second == 0) barrier.here.erase(here);
+  barrier.arrived.erase(arrival);
+}
+
+void Membership::EndBarrierLocked(
+    Group& group, std::map<std::string, PendingBarrier>::iterator it,
+    const absl::StatusOr<int64_t>& result, Deferred& deferred) {
+  PendingBarrier& barrier = it->second;
+  timer_.Cancel(barrier.timer);
+  deferred.reserve(deferred.size() + barrier.arrived.size());
+  for (auto& [id, arrival] : barrier.arrived) {
+    arrivals_.erase(id);
+    deferred.push_back(
+        [done = std::move(arrival.done), result] { done(result); });
   }
+  group.barriers.erase(it);
 }
 
 void Membership::FailBarrierLocked(Group& group, const std::string& barrier_id,
@@ -430,11 +453,7 @@ void Membership::FailBarrierLocked(Group& group, const std::string& barrier_id,
                                    Deferred& deferred) {
   auto it = group.barriers.find(barrier_id);
   if (it == group.barriers.end()) return;
-  timer_.Cancel(it->second.timer);
-  for (Arrival& a : it->second.arrived) {
-    deferred.push_back([done = std::move(a.done), status] { done(status); });
-  }
-  group.barriers.erase(it);
+  EndBarrierLocked(group, it, status, deferred);
 }
 
 void Membership::AbortBarriersLocked(Group& group,
@@ -511,17 +530,11 @@ void Membership::Shutdown(absl::Status status) {
 MembershipStats Membership::stats() {
   absl::MutexLock lock(&mu_);
   MembershipStats stats;
+  stats.members_alive = leases_.size();
   stats.members_failed = members_failed_;
   stats.barrier_arrivals = barrier_arrivals_;
   stats.barrier_timeouts = barrier_timeouts_;
-  for (const auto& [group_name, group] : groups_) {
-    for (const auto& [name, live] : group.members) {
-      if (live.alive) ++stats.members_alive;
-    }
-    for (const auto& [barrier_id, barrier] : group.barriers) {
-      stats.barrier_waiting += barrier.arrived.size();
-    }
-  }
+  stats.barrier_waiting = arrivals_.size();
   return stats;
 }
 

@@ -13,17 +13,18 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "cohort/v1/coordination.pb.h"
 #include "base/deadline_timer.h"
+#include "cohort/v1/coordination.pb.h"
 #include "store/kv_store.h"
 
 namespace cohort::server {
@@ -64,7 +65,8 @@ class Membership {
   absl::Status Heartbeat(const v1::HeartbeatRequest& req);
   absl::Status Leave(const v1::LeaveGroupRequest& req);
   absl::Status ReportError(const v1::ReportErrorRequest& req);
-  absl::StatusOr<v1::ListMembersResponse> List(const v1::ListMembersRequest& req);
+  absl::StatusOr<v1::ListMembersResponse> List(
+      const v1::ListMembersRequest& req);
 
   // Arrives at a barrier; `done` runs once (maybe before this returns, then
   // the result is 0). See coordination.proto for the rules.
@@ -75,25 +77,33 @@ class Membership {
   // Fails every pending barrier with `status`; later ones fail at once.
   void Shutdown(absl::Status status);
 
-  // Counts for monitoring; takes the lock once, visits every member.
+  // Counts for monitoring; O(1) (kept as members and arrivals change).
   MembershipStats stats();
 
  private:
+  // Costs, so that a group of N members scales: Join, Heartbeat, Leave and
+  // each barrier arrival take O(log N) time and at most two store writes
+  // (one record each); a sweep costs O(expired log N) however many members
+  // are alive; a barrier's creation O(N) once and its completion one
+  // callback per arrival.
   struct Live {
+    std::string group;  // Its group's name, for a sweep that finds it by time.
     v1::MemberInfo info;
     absl::Time deadline;
     bool alive = true;  // False once failed or left (kept to name it).
   };
   struct Arrival {
-    BarrierId id;
     std::string name;
     BarrierCallback done;
   };
   struct PendingBarrier {
     int64_t generation = 0;
     std::vector<std::string> participants;  // Sorted.
-    std::vector<Arrival> arrived;
-    absl::flat_hash_set<std::string> here;  // Names in `arrived`.
+    // A participant list an arrival named, as it was sent: an arrival that
+    // sends the same list needs no sort to be checked.
+    std::vector<std::string> named_as;
+    absl::flat_hash_map<BarrierId, Arrival> arrived;
+    absl::flat_hash_map<std::string, int> here;  // Arrivals per name.
     base::DeadlineTimer::TimerId timer = 0;
     absl::Duration timeout;
   };
@@ -112,14 +122,24 @@ class Membership {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finds the live member (name, incarnation) of `group`.
   absl::StatusOr<Live*> FindLocked(const std::string& group,
-                                   const std::string& name,
-                                   int64_t incarnation)
+                                   const std::string& name, int64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the live member's lease deadline to `deadline`, in leases_ too.
+  void RenewLocked(Live& live, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the live member failed or gone, and drops its lease.
+  void EndLocked(Live& live) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the barriers of `group` that `name` takes part in.
   void AbortBarriersLocked(Group& group, const std::string& group_name,
                            const std::string& name, const std::string& why,
                            Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the pending barrier `it` of `group`, each arrival's callback
+  // getting `result` (in `deferred`).
+  void EndBarrierLocked(Group& group,
+                        std::map<std::string, PendingBarrier>::iterator it,
+                        const absl::StatusOr<int64_t>& result,
+                        Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailBarrierLocked(Group& group, const std::string& barrier_id,
                          const absl::Status& status, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -139,6 +159,11 @@ class Membership {
   uint64_t members_failed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t barrier_arrivals_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t barrier_timeouts_ ABSL_GUARDED_BY(mu_) = 0;
+  // The live members by lease deadline: a sweep visits only the expired.
+  std::set<std::pair<absl::Time, Live*>> leases_ ABSL_GUARDED_BY(mu_);
+  // Where each pending arrival waits, for CancelBarrier.
+  absl::flat_hash_map<BarrierId, PendingBarrier*> arrivals_
+      ABSL_GUARDED_BY(mu_);
   absl::Status shutdown_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Last, so it is destroyed first: its callbacks use everything above.

@@ -1,8 +1,12 @@
 #include "server/membership.h"
 
+#include <atomic>
+
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "store/counting_engine.h"
 #include "store/kv_engine.h"
 
 namespace cohort::server {
@@ -160,6 +164,59 @@ TEST_F(MembershipTest, BarrierPassesWhenAllArriveAndIsReusable) {
   EXPECT_EQ(*again_b.result, 2);
 }
 
+TEST_F(MembershipTest, NamedParticipantsMustAgree) {
+  const int64_t a = Join("a", 0), b = Join("b", 1), c = Join("c", 2);
+  Arrival& first = Arrive("a", a, "pair", kLongMs, {"b", "a"});
+  // The same set in another order, or with a name twice, is the same list.
+  Arrival& other = Arrive("c", c, "pair", kLongMs, {"a", "c"});
+  ASSERT_TRUE(other.done.HasBeenNotified());
+  EXPECT_EQ(other.result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(other.result.status().message(),
+              HasSubstr("started with participants [a, b], not [a, c]"));
+  Arrival& outsider = Arrive("c", c, "pair");
+  ASSERT_TRUE(outsider.done.HasBeenNotified());
+  EXPECT_EQ(outsider.result.status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(first.done.HasBeenNotified());
+  Arrival& second = Arrive("b", b, "pair", kLongMs, {"a", "b", "a"});
+  ASSERT_TRUE(second.done.HasBeenNotified());
+  ASSERT_TRUE(first.done.HasBeenNotified());
+  EXPECT_EQ(*first.result, 1);
+  EXPECT_EQ(*second.result, 1);
+}
+
+TEST_F(MembershipTest, ACancelledArrivalMustArriveAgain) {
+  const int64_t a = Join("a", 0), b = Join("b", 1);
+  Arrival* gone = nullptr;
+  {
+    auto& owned = arrivals_.emplace_back(std::make_unique<Arrival>());
+    gone = owned.get();
+  }
+  v1::BarrierRequest req;
+  req.set_group("job");
+  req.set_barrier_id("sync");
+  req.set_name("a");
+  req.set_incarnation(a);
+  req.set_timeout_ms(kLongMs);
+  const Membership::BarrierId id =
+      members_.Barrier(req, [gone](absl::StatusOr<int64_t> r) {
+        gone->result = r;
+        gone->done.Notify();
+      });
+  ASSERT_NE(id, 0u);
+  EXPECT_EQ(members_.stats().barrier_waiting, 1u);
+  members_.CancelBarrier(id);
+  members_.CancelBarrier(id);  // Twice is harmless.
+  EXPECT_EQ(members_.stats().barrier_waiting, 0u);
+  Arrival& second = Arrive("b", b, "sync");
+  EXPECT_FALSE(second.done.HasBeenNotified());
+  Arrival& again = Arrive("a", a, "sync");
+  ASSERT_TRUE(again.done.HasBeenNotified());
+  ASSERT_TRUE(second.done.HasBeenNotified());
+  EXPECT_EQ(*again.result, 1);
+  EXPECT_FALSE(gone->done.HasBeenNotified());
+}
+
 TEST_F(MembershipTest, BarrierTimeoutNamesTheMissing) {
   const int64_t a = Join("a", 0);
   Join("b", 2);
@@ -170,7 +227,8 @@ TEST_F(MembershipTest, BarrierTimeoutNamesTheMissing) {
   EXPECT_EQ(stats.barrier_arrivals, 1u);
   EXPECT_EQ(stats.barrier_timeouts, 1u);
   EXPECT_EQ(stats.barrier_waiting, 0u);
-  EXPECT_EQ(waiting.result.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(waiting.result.status().code(),
+            absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(waiting.result.status().message(),
               HasSubstr("1/2 arrived; missing: rank 2 (host-b)"));
 }
@@ -232,6 +290,106 @@ TEST_F(MembershipTest, MembersSurviveARestartWithGrace) {
   ASSERT_TRUE(live.ok());
   ASSERT_EQ(live->members_size(), 1);
   EXPECT_EQ(live->members(0).host(), "host-a");
+}
+
+// The store work of each membership operation, per member, in a group of
+// `n`: what must not grow with n for a coordinator to scale.
+struct WorkPerMember {
+  store::EngineWork join, rejoin, heartbeat, barrier;
+  int barrier_passed = 0;  // Arrivals whose callback said the barrier passed.
+};
+
+WorkPerMember MeasureWork(int n) {
+  auto counting =
+      std::make_unique<store::CountingEngine>(store::NewMemoryEngine());
+  store::CountingEngine* engine = counting.get();
+  store::KvStore store(std::move(counting));
+  Membership members(&store);
+  // Names, hosts and ranks of one width, so that every record has the same
+  // size whatever n is (rank: a 3-byte varint for every member).
+  auto join = [&](int i) {
+    v1::JoinGroupRequest req;
+    req.set_group("job");
+    req.set_name(absl::StrFormat("node-%06d", i));
+    req.set_host(absl::StrFormat("host-%06d", i));
+    req.set_rank(1000000 + i);
+    req.set_heartbeat_interval_ms(kLongMs);
+    absl::StatusOr<v1::JoinGroupResponse> r = members.Join(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->incarnation() : 0;
+  };
+  auto per_member = [n](const store::EngineWork& w) {
+    return store::EngineWork{w.applies / n, w.mutations / n,
+                             w.bytes_written / n, w.gets / n, w.bytes_read / n};
+  };
+  WorkPerMember out;
+  std::vector<int64_t> incarnations(n);
+  store::EngineWork before = engine->work();
+  for (int i = 0; i < n; ++i) incarnations[i] = join(i);
+  out.join = per_member(engine->work() - before);
+
+  before = engine->work();
+  for (int i = 0; i < n; ++i) {
+    v1::HeartbeatRequest hb;
+    hb.set_group("job");
+    hb.set_name(absl::StrFormat("node-%06d", i));
+    hb.set_incarnation(incarnations[i]);
+    EXPECT_TRUE(members.Heartbeat(hb).ok());
+  }
+  out.heartbeat = per_member(engine->work() - before);
+
+  std::atomic<int> passed{0};
+  before = engine->work();
+  for (int i = 0; i < n; ++i) {
+    v1::BarrierRequest req;
+    req.set_group("job");
+    req.set_barrier_id("step");
+    req.set_name(absl::StrFormat("node-%06d", i));
+    req.set_incarnation(incarnations[i]);
+    req.set_timeout_ms(kLongMs);
+    members.Barrier(req, [&passed](absl::StatusOr<int64_t> r) {
+      if (r.ok()) ++passed;
+    });
+  }
+  out.barrier = per_member(engine->work() - before);
+  out.barrier_passed = passed;
+
+  // Restarted members: each join replaces a live incarnation.
+  before = engine->work();
+  for (int i = 0; i < n; ++i) join(i);
+  out.rejoin = per_member(engine->work() - before);
+  EXPECT_EQ(members.stats().members_alive, static_cast<size_t>(n));
+  return out;
+}
+
+void ExpectSameWork(const store::EngineWork& small,
+                    const store::EngineWork& large, absl::string_view what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ(small.applies, large.applies);
+  EXPECT_EQ(small.mutations, large.mutations);
+  EXPECT_EQ(small.bytes_written, large.bytes_written);
+  EXPECT_EQ(small.gets, large.gets);
+  EXPECT_EQ(small.bytes_read, large.bytes_read);
+}
+
+// Counts store work rather than time: the same on every machine. A group
+// four times as large must cost the same per member: one record written
+// per join, two per replacing join (the old incarnation's FAILED, the new
+// one's JOINED), and nothing for heartbeats or barrier arrivals.
+TEST(MembershipWorkTest, StoreWorkPerMemberDoesNotGrowWithTheGroup) {
+  const WorkPerMember small = MeasureWork(1000);
+  const WorkPerMember large = MeasureWork(4000);
+  ExpectSameWork(small.join, large.join, "join");
+  ExpectSameWork(small.rejoin, large.rejoin, "rejoin");
+  ExpectSameWork(small.heartbeat, large.heartbeat, "heartbeat");
+  ExpectSameWork(small.barrier, large.barrier, "barrier");
+  EXPECT_EQ(large.join.applies, 1u);
+  EXPECT_EQ(large.join.mutations, 1u);
+  EXPECT_EQ(large.rejoin.mutations, 2u);
+  EXPECT_EQ(large.heartbeat.applies, 0u);
+  EXPECT_EQ(large.barrier.applies, 0u);
+  EXPECT_EQ(small.barrier_passed, 1000);
+  EXPECT_EQ(large.barrier_passed, 4000);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "server/rendezvous.h"
 
 #include <algorithm>
+#include <iterator>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -17,6 +19,11 @@ namespace {
 constexpr absl::string_view kRunsPrefix = "/cohort/runs/";
 constexpr int kDefaultParticipantsPage = 1000;
 constexpr int kMaxParticipantsPage = 10000;
+constexpr int kMaxRanges = 64;
+// The participants one ListParticipants or GetParticipants reply carries,
+// in bytes: below gRPC's default 4 MiB message limit with room for the
+// reply's other fields.
+constexpr size_t kMaxReplyBytes = (4 << 20) - 1024;
 constexpr absl::Duration kDefaultJoinTimeout = absl::Seconds(600);
 constexpr absl::Duration kDefaultLastCall = absl::Seconds(30);
 
@@ -52,6 +59,32 @@ absl::Status ValidateRequest(const v1::JoinRequest& req) {
   return absl::OkStatus();
 }
 
+// The first 16 node ids of `collecting`, then "and N more": a timeout
+// message that costs the same at any number of nodes.
+template <typename Collecting>
+std::string FirstNodes(const Collecting& collecting) {
+  constexpr size_t kShown = 16;
+  auto end = collecting.begin();
+  std::advance(end, std::min(kShown, collecting.size()));
+  std::string text =
+      base::FirstFew(collecting.begin(), end, kShown,
+                     [](const auto& node) { return base::Escape(node.first); });
+  if (collecting.size() > kShown) {
+    absl::StrAppend(&text, " and ", collecting.size() - kShown, " more");
+  }
+  return text;
+}
+
+template <typename Response>
+absl::StatusOr<Response> Parse(absl::StatusOr<ParticipantsReply> reply) {
+  if (!reply.ok()) return reply.status();
+  Response resp;
+  if (!resp.ParseFromString(reply->Flatten())) {
+    return absl::InternalError("a participants reply did not parse");
+  }
+  return resp;
+}
+
 }  // namespace
 
 std::string Rendezvous::RunKey(absl::string_view run_id) {
@@ -63,10 +96,16 @@ Rendezvous::Rendezvous(store::KvStore* store) : store_(store) {
   LoadRecords<v1::RunState>(
       *store_, kRunsPrefix,
       [&](absl::string_view run_id, v1::RunState& record) {
-        Run& run = runs_[std::string(run_id)];
+        auto it = runs_.try_emplace(std::string(run_id)).first;
+        Run& run = it->second;
+        run.id = &it->first;
         run.record = std::move(record);
         run.has_completed = run.record.phase() == v1::RunState::COMPLETE ||
                             run.record.participants_size() > 0;
+        if (run.has_completed) {
+          run.list = std::make_shared<const ParticipantList>(
+              run.record.round(), run.record.participants());
+        }
       });
 }
 
@@ -87,6 +126,7 @@ Rendezvous::JoinId Rendezvous::Join(const v1::JoinRequest& req,
     auto [it, created] = runs_.try_emplace(req.run_id());
     Run& run = it->second;
     if (created) {
+      run.id = &it->first;
       run.record.set_phase(v1::RunState::COLLECTING);
       run.record.set_min_nodes(req.min_nodes());
       run.record.set_max_nodes(req.max_nodes());
@@ -108,10 +148,13 @@ Rendezvous::JoinId Rendezvous::Join(const v1::JoinRequest& req,
                        " but node '", base::Escape(req.node_id()),
                        "' asked for ", req.min_nodes(), ":", req.max_nodes()));
     }
+    // A second join from the same node while collecting is a retry: the
+    // newer call replaces the older, which is told so.
+    auto old = run.collecting.find(req.node_id());
     if (error.ok()) {
-      int64_t world = req.local_world_size();
-      for (const auto& [node_id, pending] : run.collecting) {
-        if (node_id != req.node_id()) world += pending.node.local_world_size();
+      int64_t world = run.collecting_world + req.local_world_size();
+      if (old != run.collecting.end()) {
+        world -= old->second.node.local_world_size();
       }
       if (world > kMaxWorldSize) {
         error = absl::InvalidArgumentError(absl::StrCat(
@@ -124,19 +167,15 @@ Rendezvous::JoinId Rendezvous::Join(const v1::JoinRequest& req,
     if (!error.ok()) {
       deferred.push_back([done = std::move(done), error] { done(error); });
     } else {
-      // A second join from the same node while collecting is a retry:
-      // the newer call replaces the older, which is told so.
-      auto old = run.collecting.find(req.node_id());
       if (old != run.collecting.end()) {
-        timer_.Cancel(old->second.timer);
-        deferred.push_back([done = std::move(old->second.done)] {
-          done(absl::AbortedError(
+        deferred.push_back([replaced = RemoveLocked(run, old)] {
+          replaced(absl::AbortedError(
               "replaced by a newer join from the same node_id"));
         });
-        run.collecting.erase(old);
       }
       id = next_id_++;
-      Pending& pending = run.collecting[req.node_id()];
+      auto pending_it = run.collecting.try_emplace(req.node_id()).first;
+      Pending& pending = pending_it->second;
       pending.id = id;
       pending.node.set_node_id(req.node_id());
       pending.node.set_address(req.address());
@@ -145,13 +184,13 @@ Rendezvous::JoinId Rendezvous::Join(const v1::JoinRequest& req,
       pending.timeout = req.join_timeout_ms() > 0
                             ? absl::Milliseconds(req.join_timeout_ms())
                             : kDefaultJoinTimeout;
-      pending.timer =
-          timer_.Schedule(absl::Now() + pending.timeout,
-                          [this, run_id = req.run_id(), node_id = req.node_id(),
-                           id] { OnJoinTimeout(run_id, node_id, id); });
+      pending.timer = timer_.Schedule(absl::Now() + pending.timeout,
+                                      [this, id] { OnJoinTimeout(id); });
+      run.collecting_world += req.local_world_size();
+      joins_.emplace(id, JoinRef{&run, pending_it});
       const int n = static_cast<int>(run.collecting.size());
       if (n >= run.record.max_nodes()) {
-        CompleteLocked(req.run_id(), run, deferred);
+        CompleteLocked(run, deferred);
         id = 0;
       } else if (n >= run.record.min_nodes() && run.last_call == 0) {
         const int64_t round = CollectingRound(run);
@@ -167,60 +206,106 @@ Rendezvous::JoinId Rendezvous::Join(const v1::JoinRequest& req,
   return id;
 }
 
-void Rendezvous::CompleteLocked(const std::string& run_id, Run& run,
-                                Deferred& deferred) {
+Rendezvous::JoinCallback Rendezvous::RemoveLocked(Run& run,
+                                                  Collecting::iterator it) {
+  Pending& pending = it->second;
+  timer_.Cancel(pending.timer);
+  joins_.erase(pending.id);
+  run.collecting_world -= pending.node.local_world_size();
+  JoinCallback done = std::move(pending.done);
+  run.collecting.erase(it);
+  return done;
+}
+
+void Rendezvous::FailAllLocked(Run& run, const absl::Status& status,
+                               Deferred& deferred) {
+  node_visits_ += run.collecting.size();
+  for (auto& [node_id, pending] : run.collecting) {
+    timer_.Cancel(pending.timer);
+    joins_.erase(pending.id);
+    deferred.push_back(
+        [done = std::move(pending.done), status] { done(status); });
+  }
+  run.collecting.clear();
+  run.collecting_world = 0;
+}
+
+void Rendezvous::MaybeStopLastCallLocked(Run& run) {
+  if (static_cast<int>(run.collecting.size()) < run.record.min_nodes() &&
+      run.last_call != 0) {
+    timer_.Cancel(run.last_call);
+    run.last_call = 0;
+  }
+}
+
+void Rendezvous::CompleteLocked(Run& run, Deferred& deferred) {
   if (run.last_call != 0) timer_.Cancel(run.last_call);
   run.last_call = 0;
   const int64_t round = CollectingRound(run);
+  const int num_nodes = static_cast<int>(run.collecting.size());
 
-  v1::RunState record = run.record;
+  // Built afresh rather than copied from run.record, which still holds
+  // the previous round's participants.
+  v1::RunState record;
   record.set_round(round);
   record.set_phase(v1::RunState::COMPLETE);
-  record.clear_participants();
-  record.set_num_waiting(0);
+  record.set_min_nodes(run.record.min_nodes());
+  record.set_max_nodes(run.record.max_nodes());
+  record.set_last_call_timeout_ms(run.record.last_call_timeout_ms());
+  record.set_num_participants(num_nodes);
+  record.mutable_participants()->Reserve(num_nodes);
   int node_rank = 0, world_size = 0;
   for (auto& [node_id, pending] : run.collecting) {
-    timer_.Cancel(pending.timer);
     pending.node.set_node_rank(node_rank++);
     pending.node.set_first_global_rank(world_size);
     world_size += pending.node.local_world_size();
-    *record.add_participants() = pending.node;
+    *record.add_participants() = std::move(pending.node);
   }
-  const std::string key = RunKey(run_id);
-  if (absl::Status s = store_->Set(key, record.SerializeAsString()).status();
-      !s.ok()) {
+  node_visits_ += num_nodes;
+  const std::string key = RunKey(*run.id);
+  std::string value = record.SerializeAsString();
+  bytes_serialized_ += value.size();
+  if (absl::Status s = store_->Set(key, std::move(value)).status(); !s.ok()) {
     // Without the record the round is not durable: fail it, keep collecting.
-    for (auto& [node_id, pending] : run.collecting) {
-      deferred.push_back([done = std::move(pending.done), s] { done(s); });
-    }
-    run.collecting.clear();
+    FailAllLocked(run, s, deferred);
     return;
   }
-  run.record = record;
+  auto list =
+      std::make_shared<const ParticipantList>(round, record.participants());
+  bytes_serialized_ += list->bytes();
+  run.list = std::move(list);
+  run.record = std::move(record);
   run.has_completed = true;
   ++rounds_completed_;
 
-  const bool inline_list = record.participants_size() <= kMaxInlineParticipants;
-  const std::string prefix = absl::StrCat("runs/", run_id, "/", round);
+  const bool inline_list = num_nodes <= kMaxInlineParticipants;
+  const std::string prefix = absl::StrCat("runs/", *run.id, "/", round);
+  int rank = 0;
   for (auto& [node_id, pending] : run.collecting) {
+    const v1::Participant& node = run.record.participants(rank++);
+    timer_.Cancel(pending.timer);
+    joins_.erase(pending.id);
     v1::JoinResponse resp;
     resp.set_round(round);
-    resp.set_node_rank(pending.node.node_rank());
-    resp.set_num_nodes(record.participants_size());
+    resp.set_node_rank(node.node_rank());
+    resp.set_num_nodes(num_nodes);
     resp.set_world_size(world_size);
-    resp.set_first_global_rank(pending.node.first_global_rank());
+    resp.set_first_global_rank(node.first_global_rank());
     if (inline_list) {
-      *resp.mutable_participants() = record.participants();
+      *resp.mutable_participants() = run.record.participants();
     } else {
       resp.set_participants_key(key);
     }
     resp.set_store_prefix(prefix);
+    join_response_bytes_ += resp.ByteSizeLong();
     deferred.push_back(
         [done = std::move(pending.done), resp = std::move(resp)]() mutable {
           done(std::move(resp));
         });
   }
+  node_visits_ += num_nodes;
   run.collecting.clear();
+  run.collecting_world = 0;
 }
 
 void Rendezvous::OnLastCall(const std::string& run_id, int64_t round) {
@@ -235,61 +320,84 @@ void Rendezvous::OnLastCall(const std::string& run_id, int64_t round) {
         static_cast<int>(run.collecting.size()) < run.record.min_nodes()) {
       return;
     }
-    CompleteLocked(run_id, run, deferred);
+    CompleteLocked(run, deferred);
   }
   for (auto& fn : deferred) fn();
 }
 
-void Rendezvous::OnJoinTimeout(const std::string& run_id,
-                               const std::string& node_id, JoinId id) {
+void Rendezvous::OnJoinTimeout(JoinId id) {
   JoinCallback done;
   absl::Status status;
   {
     absl::MutexLock lock(&mu_);
-    auto it = runs_.find(run_id);
-    if (it == runs_.end()) return;
-    Run& run = it->second;
-    auto pending = run.collecting.find(node_id);
-    if (pending == run.collecting.end() || pending->second.id != id) return;
+    auto ref = joins_.find(id);
+    if (ref == joins_.end()) return;
+    Run& run = *ref->second.run;
+    const Collecting::iterator pending = ref->second.it;
     status = absl::DeadlineExceededError(absl::StrCat(
-        "rendezvous of run '", base::Escape(run_id), "' round ",
+        "rendezvous of run '", base::Escape(*run.id), "' round ",
         CollectingRound(run), " timed out after ",
         absl::FormatDuration(pending->second.timeout), ": ",
         run.collecting.size(), " of min_nodes=", run.record.min_nodes(),
-        " nodes arrived (",
-        base::FirstFew(
-            run.collecting.begin(), run.collecting.end(), 16,
-            [](const auto& node) { return base::Escape(node.first); }),
-        ")"));
-    done = std::move(pending->second.done);
-    run.collecting.erase(pending);
-    if (static_cast<int>(run.collecting.size()) < run.record.min_nodes() &&
-        run.last_call != 0) {
-      timer_.Cancel(run.last_call);
-      run.last_call = 0;
-    }
+        " nodes arrived (", FirstNodes(run.collecting), ")"));
+    done = RemoveLocked(run, pending);
+    MaybeStopLastCallLocked(run);
   }
   done(status);
 }
 
 void Rendezvous::CancelJoin(JoinId id) {
   absl::MutexLock lock(&mu_);
-  for (auto& [run_id, run] : runs_) {
-    for (auto it = run.collecting.begin(); it != run.collecting.end(); ++it) {
-      if (it->second.id != id) continue;
-      timer_.Cancel(it->second.timer);
-      run.collecting.erase(it);
-      if (static_cast<int>(run.collecting.size()) < run.record.min_nodes() &&
-          run.last_call != 0) {
-        timer_.Cancel(run.last_call);
-        run.last_call = 0;
-      }
-      return;
-    }
-  }
+  auto ref = joins_.find(id);
+  if (ref == joins_.end()) return;
+  Run& run = *ref->second.run;
+  RemoveLocked(run, ref->second.it);
+  MaybeStopLastCallLocked(run);
 }
 
 absl::StatusOr<v1::RunState> Rendezvous::GetRunState(
+    const std::string& run_id) {
+  v1::GetRunStateRequest req;
+  req.set_run_id(run_id);
+  return GetRunState(req);
+}
+
+absl::StatusOr<v1::RunState> Rendezvous::GetRunState(
+    const v1::GetRunStateRequest& req) {
+  absl::MutexLock lock(&mu_);
+  auto it = runs_.find(req.run_id());
+  if (it == runs_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no run '", base::Escape(req.run_id()), "'"));
+  }
+  const Run& run = it->second;
+  const bool list = !req.omit_participants();
+  v1::RunState state;
+  state.set_min_nodes(run.record.min_nodes());
+  state.set_max_nodes(run.record.max_nodes());
+  state.set_last_call_timeout_ms(run.record.last_call_timeout_ms());
+  if (!run.has_completed && run.record.phase() != v1::RunState::CLOSED) {
+    state.set_round(0);
+    state.set_phase(v1::RunState::COLLECTING);
+    state.set_num_participants(static_cast<int32_t>(run.collecting.size()));
+    if (list) {
+      for (const auto& [node_id, pending] : run.collecting) {
+        *state.add_participants() = pending.node;
+      }
+    }
+    return state;
+  }
+  state.set_round(run.record.round());
+  state.set_phase(run.record.phase());
+  state.set_num_participants(run.record.participants_size());
+  if (list) *state.mutable_participants() = run.record.participants();
+  state.set_num_waiting(run.record.phase() == v1::RunState::CLOSED
+                            ? run.record.num_waiting()
+                            : static_cast<int32_t>(run.collecting.size()));
+  return state;
+}
+
+absl::StatusOr<std::shared_ptr<const ParticipantList>> Rendezvous::ListOf(
     const std::string& run_id) {
   absl::MutexLock lock(&mu_);
   auto it = runs_.find(run_id);
@@ -297,23 +405,16 @@ absl::StatusOr<v1::RunState> Rendezvous::GetRunState(
     return absl::NotFoundError(
         absl::StrCat("no run '", base::Escape(run_id), "'"));
   }
-  const Run& run = it->second;
-  v1::RunState state = run.record;
-  if (state.phase() == v1::RunState::CLOSED) return state;
-  if (!run.has_completed) {
-    state.set_round(0);
-    state.set_phase(v1::RunState::COLLECTING);
-    state.clear_participants();
-    for (const auto& [node_id, pending] : run.collecting) {
-      *state.add_participants() = pending.node;
-    }
-  } else {
-    state.set_num_waiting(static_cast<int32_t>(run.collecting.size()));
+  if (it->second.list == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("run '", base::Escape(run_id),
+                     "' has no completed round yet: its first round is "
+                     "still collecting nodes"));
   }
-  return state;
+  return it->second.list;
 }
 
-absl::StatusOr<v1::ListParticipantsResponse> Rendezvous::ListParticipants(
+absl::StatusOr<ParticipantsReply> Rendezvous::ListParticipantsBytes(
     const v1::ListParticipantsRequest& req) {
   if (req.page_size() < 0) {
     return absl::InvalidArgumentError(
@@ -323,21 +424,11 @@ absl::StatusOr<v1::ListParticipantsResponse> Rendezvous::ListParticipants(
       req.page_size() == 0
           ? kDefaultParticipantsPage
           : std::min<int>(req.page_size(), kMaxParticipantsPage);
-  absl::MutexLock lock(&mu_);
-  auto it = runs_.find(req.run_id());
-  if (it == runs_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("no run '", base::Escape(req.run_id()), "'"));
-  }
-  const Run& run = it->second;
-  if (!run.has_completed) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("run '", base::Escape(req.run_id()),
-                     "' has no completed round yet: its first round is "
-                     "still collecting nodes"));
-  }
-  const int64_t round = run.record.round();
-  const int num_nodes = run.record.participants_size();
+  absl::StatusOr<std::shared_ptr<const ParticipantList>> list =
+      ListOf(req.run_id());
+  if (!list.ok()) return list.status();
+  const int64_t round = (*list)->round();
+  const int num_nodes = (*list)->num_nodes();
   // The token is "ROUND:OFFSET": the round the listing began at and the
   // node rank to continue from.
   int offset = 0;
@@ -359,15 +450,89 @@ absl::StatusOr<v1::ListParticipantsResponse> Rendezvous::ListParticipants(
           " were being listed: list again"));
     }
   }
-  v1::ListParticipantsResponse resp;
-  resp.set_round(round);
-  resp.set_num_nodes(num_nodes);
-  const int end = std::min(num_nodes, offset + page_size);
-  for (int i = offset; i < end; ++i) {
-    *resp.add_participants() = run.record.participants(i);
+  ParticipantsReply reply;
+  v1::ListParticipantsResponse tail;
+  tail.set_round(round);
+  tail.set_num_nodes(num_nodes);
+  if (offset < num_nodes) {
+    const int end = (*list)->PageEnd(offset, page_size, kMaxReplyBytes);
+    reply.pieces.push_back((*list)->Entries(offset, end));
+    if (end < num_nodes) {
+      tail.set_next_page_token(absl::StrCat(round, ":", end));
+    }
   }
-  if (end < num_nodes) resp.set_next_page_token(absl::StrCat(round, ":", end));
-  return resp;
+  reply.tail = tail.SerializeAsString();
+  reply.list = *std::move(list);
+  return reply;
+}
+
+absl::StatusOr<v1::ListParticipantsResponse> Rendezvous::ListParticipants(
+    const v1::ListParticipantsRequest& req) {
+  return Parse<v1::ListParticipantsResponse>(ListParticipantsBytes(req));
+}
+
+absl::StatusOr<ParticipantsReply> Rendezvous::GetParticipantsBytes(
+    const v1::GetParticipantsRequest& req) {
+  if (req.ranges_size() == 0) {
+    return absl::InvalidArgumentError(
+        "ranges is empty: ask for at least one range of node ranks "
+        "[start_node_rank, end_node_rank)");
+  }
+  if (req.ranges_size() > kMaxRanges) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GetParticipants takes at most ", kMaxRanges,
+                     " ranges, got ", req.ranges_size()));
+  }
+  absl::StatusOr<std::shared_ptr<const ParticipantList>> list =
+      ListOf(req.run_id());
+  if (!list.ok()) return list.status();
+  const int64_t round = (*list)->round();
+  const int num_nodes = (*list)->num_nodes();
+  if (req.has_round() && req.round() != round) {
+    return absl::AbortedError(absl::StrCat(
+        "run '", base::Escape(req.run_id()), "' has completed round ", round,
+        ", not round ", req.round(), ": join again"));
+  }
+  ParticipantsReply reply;
+  int64_t count = 0;
+  size_t bytes = 0;
+  for (int i = 0; i < req.ranges_size(); ++i) {
+    const int32_t start = req.ranges(i).start_node_rank();
+    const int32_t end = req.ranges(i).end_node_rank();
+    if (start < 0 || start >= end || end > num_nodes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("range ", i, " [", start, ", ", end, ") of run '",
+                       base::Escape(req.run_id()),
+                       "' is not a non-empty range of its ", num_nodes,
+                       " node ranks: need 0 <= start_node_rank < "
+                       "end_node_rank <= ",
+                       num_nodes, " (round ", round, ")"));
+    }
+    count += end - start;
+    reply.pieces.push_back((*list)->Entries(start, end));
+    bytes += reply.pieces.back().size();
+  }
+  if (count > kMaxParticipantsPage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ranges ask for ", count, " participants, more than the ",
+        kMaxParticipantsPage, " one call returns: split them over calls"));
+  }
+  if (bytes > kMaxReplyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ranges ask for ", bytes, " bytes of participants, more than the ",
+        kMaxReplyBytes, " one call returns: ask for fewer ranks a call"));
+  }
+  v1::GetParticipantsResponse tail;
+  tail.set_round(round);
+  tail.set_num_nodes(num_nodes);
+  reply.tail = tail.SerializeAsString();
+  reply.list = *std::move(list);
+  return reply;
+}
+
+absl::StatusOr<v1::GetParticipantsResponse> Rendezvous::GetParticipants(
+    const v1::GetParticipantsRequest& req) {
+  return Parse<v1::GetParticipantsResponse>(GetParticipantsBytes(req));
 }
 
 absl::Status Rendezvous::CloseRun(const std::string& run_id) {
@@ -383,22 +548,19 @@ absl::Status Rendezvous::CloseRun(const std::string& run_id) {
     if (run.record.phase() == v1::RunState::CLOSED) return absl::OkStatus();
     v1::RunState record = run.record;
     record.set_phase(v1::RunState::CLOSED);
-    if (absl::Status s =
-            store_->Set(RunKey(run_id), record.SerializeAsString()).status();
+    std::string value = record.SerializeAsString();
+    bytes_serialized_ += value.size();
+    if (absl::Status s = store_->Set(RunKey(run_id), std::move(value)).status();
         !s.ok()) {
       return s;
     }
-    run.record = record;
+    run.record = std::move(record);
     if (run.last_call != 0) timer_.Cancel(run.last_call);
     run.last_call = 0;
-    const absl::Status closed = absl::FailedPreconditionError(
-        absl::StrCat("run '", base::Escape(run_id), "' was closed"));
-    for (auto& [node_id, pending] : run.collecting) {
-      timer_.Cancel(pending.timer);
-      deferred.push_back(
-          [done = std::move(pending.done), closed] { done(closed); });
-    }
-    run.collecting.clear();
+    FailAllLocked(run,
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "run '", base::Escape(run_id), "' was closed")),
+                  deferred);
   }
   for (auto& fn : deferred) fn();
   return absl::OkStatus();
@@ -413,12 +575,7 @@ void Rendezvous::Shutdown(absl::Status status) {
     for (auto& [run_id, run] : runs_) {
       if (run.last_call != 0) timer_.Cancel(run.last_call);
       run.last_call = 0;
-      for (auto& [node_id, pending] : run.collecting) {
-        timer_.Cancel(pending.timer);
-        deferred.push_back(
-            [done = std::move(pending.done), status] { done(status); });
-      }
-      run.collecting.clear();
+      FailAllLocked(run, status, deferred);
     }
   }
   for (auto& fn : deferred) fn();
@@ -429,9 +586,10 @@ RendezvousStats Rendezvous::stats() {
   RendezvousStats stats;
   stats.rounds_completed = rounds_completed_;
   stats.runs = runs_.size();
-  for (const auto& [run_id, run] : runs_) {
-    stats.waiting_nodes += run.collecting.size();
-  }
+  stats.waiting_nodes = joins_.size();
+  stats.node_visits = node_visits_;
+  stats.bytes_serialized = bytes_serialized_;
+  stats.join_response_bytes = join_response_bytes_;
   return stats;
 }
 

@@ -2,10 +2,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/c10d/rules.h"
+#include "store/counting_engine.h"
 #include "store/kv_engine.h"
 
 namespace cohort::server {
@@ -37,13 +39,15 @@ class RendezvousTest : public ::testing::Test {
     return req;
   }
 
-  Joiner& Join(const v1::JoinRequest& req) {
+  Joiner& Join(const v1::JoinRequest& req, Rendezvous::JoinId* id = nullptr) {
     auto& j = joiners_.emplace_back(std::make_unique<Joiner>());
     Joiner* raw = j.get();
-    rdzv_.Join(req, [raw](absl::StatusOr<v1::JoinResponse> r) {
-      raw->result = std::move(r);
-      raw->done.Notify();
-    });
+    Rendezvous::JoinId joined =
+        rdzv_.Join(req, [raw](absl::StatusOr<v1::JoinResponse> r) {
+          raw->result = std::move(r);
+          raw->done.Notify();
+        });
+    if (id != nullptr) *id = joined;
     return *raw;
   }
 
@@ -287,6 +291,223 @@ TEST_F(RendezvousTest, ListParticipantsErrors) {
   ASSERT_TRUE(closed.ok()) << closed.status();
   EXPECT_EQ(closed->round(), 1);
   EXPECT_EQ(closed->participants_size(), 2);
+}
+
+TEST_F(RendezvousTest, CancelledJoinLeavesTheRound) {
+  Rendezvous::JoinId a_id = 0;
+  Joiner& a = Join(Request("a", 3, 3, 4), &a_id);
+  Joiner& b = Join(Request("b", 3, 3, 4));
+  ASSERT_NE(a_id, 0u);
+  rdzv_.CancelJoin(a_id);
+  rdzv_.CancelJoin(a_id);  // Twice: the second finds nothing.
+  EXPECT_EQ(rdzv_.stats().waiting_nodes, 1u);
+  EXPECT_FALSE(a.done.HasBeenNotified());
+  // The cancelled node's ranks no longer count towards the world.
+  Joiner& c = Join(Request("c", 3, 3, 1));
+  Joiner& d = Join(Request("d", 3, 3, 1));
+  ASSERT_TRUE(b.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(c.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(d.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(b.result.ok()) << b.result.status();
+  EXPECT_EQ(b.result->num_nodes(), 3);
+  EXPECT_EQ(b.result->world_size(), 6);
+  EXPECT_EQ(b.result->node_rank(), 0);
+}
+
+TEST_F(RendezvousTest, GetRunStateCanOmitParticipants) {
+  Join(Request("a", 2, 2));
+  v1::GetRunStateRequest req;
+  req.set_run_id("job");
+  absl::StatusOr<v1::RunState> collecting = rdzv_.GetRunState(req);
+  ASSERT_TRUE(collecting.ok()) << collecting.status();
+  EXPECT_EQ(collecting->num_participants(), 1);
+  EXPECT_EQ(collecting->participants_size(), 1);
+  Join(Request("b", 2, 2));
+  Join(Request("c", 2, 2));  // Waits for round 1.
+  req.set_omit_participants(true);
+  absl::StatusOr<v1::RunState> complete = rdzv_.GetRunState(req);
+  ASSERT_TRUE(complete.ok()) << complete.status();
+  EXPECT_EQ(complete->phase(), v1::RunState::COMPLETE);
+  EXPECT_EQ(complete->num_participants(), 2);
+  EXPECT_EQ(complete->participants_size(), 0);
+  EXPECT_EQ(complete->num_waiting(), 1);
+  EXPECT_EQ(complete->max_nodes(), 2);
+}
+
+v1::GetParticipantsRequest Ranges(
+    std::initializer_list<std::pair<int, int>> ranges) {
+  v1::GetParticipantsRequest req;
+  req.set_run_id("job");
+  for (auto [start, end] : ranges) {
+    v1::NodeRankRange* range = req.add_ranges();
+    range->set_start_node_rank(start);
+    range->set_end_node_rank(end);
+  }
+  return req;
+}
+
+// A node of a ring asks for its neighbours and the root, not all N.
+TEST_F(RendezvousTest, GetParticipantsByNodeRank) {
+  const int n = 300;
+  for (int i = 0; i < n; ++i) Join(Request(absl::StrCat("n", 1000 + i), n, n));
+  ASSERT_TRUE(
+      joiners_.back()->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  v1::GetParticipantsRequest req = Ranges({{0, 1}, {41, 42}, {43, 44}});
+  req.set_round(0);
+  absl::StatusOr<v1::GetParticipantsResponse> ring = rdzv_.GetParticipants(req);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  EXPECT_EQ(ring->round(), 0);
+  EXPECT_EQ(ring->num_nodes(), n);
+  ASSERT_EQ(ring->participants_size(), 3);
+  EXPECT_EQ(ring->participants(0).node_id(), "n1000");
+  EXPECT_EQ(ring->participants(1).node_id(), "n1041");
+  EXPECT_EQ(ring->participants(1).first_global_rank(), 82);
+  EXPECT_EQ(ring->participants(2).node_rank(), 43);
+  EXPECT_EQ(ring->participants(2).address(), "n1043.example:1");
+
+  // The wrap-around neighbour and the whole round.
+  absl::StatusOr<v1::GetParticipantsResponse> wrap =
+      rdzv_.GetParticipants(Ranges({{n - 1, n}, {0, n}}));
+  ASSERT_TRUE(wrap.ok()) << wrap.status();
+  ASSERT_EQ(wrap->participants_size(), n + 1);
+  EXPECT_EQ(wrap->participants(0).node_rank(), n - 1);
+  EXPECT_EQ(wrap->participants(n).node_rank(), n - 1);
+
+  // At most 10,000 participants a call: 34 times all 300 is 10,200.
+  v1::GetParticipantsRequest too_many;
+  for (int i = 0; i < 34; ++i) too_many.MergeFrom(Ranges({{0, n}}));
+  absl::StatusOr<v1::GetParticipantsResponse> refused =
+      rdzv_.GetParticipants(too_many);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("ranges ask for 10200 participants, more than the "
+                        "10000 one call returns"));
+}
+
+TEST_F(RendezvousTest, GetParticipantsErrors) {
+  EXPECT_EQ(rdzv_.GetParticipants(Ranges({{0, 1}})).status().code(),
+            absl::StatusCode::kNotFound);
+  Joiner& a = Join(Request("a", 2, 2));
+  EXPECT_EQ(rdzv_.GetParticipants(Ranges({{0, 1}})).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  Join(Request("b", 2, 2));
+  ASSERT_TRUE(a.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+
+  auto message = [&](const v1::GetParticipantsRequest& req) {
+    absl::StatusOr<v1::GetParticipantsResponse> r = rdzv_.GetParticipants(req);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(r.status().message());
+  };
+  EXPECT_THAT(message(Ranges({})), HasSubstr("ranges is empty"));
+  EXPECT_THAT(message(Ranges({{0, 1}, {1, 1}})),
+              HasSubstr("range 1 [1, 1) of run 'job' is not a non-empty "
+                        "range of its 2 node ranks: need 0 <= "
+                        "start_node_rank < end_node_rank <= 2"));
+  EXPECT_THAT(message(Ranges({{-1, 1}})), HasSubstr("range 0 [-1, 1)"));
+  EXPECT_THAT(message(Ranges({{1, 3}})), HasSubstr("range 0 [1, 3)"));
+  v1::GetParticipantsRequest many;
+  for (int i = 0; i < 65; ++i) many.MergeFrom(Ranges({{0, 1}}));
+  EXPECT_THAT(message(many), HasSubstr("at most 64 ranges, got 65"));
+  v1::GetParticipantsRequest stale = Ranges({{0, 1}});
+  stale.set_round(7);
+  absl::StatusOr<v1::GetParticipantsResponse> r = rdzv_.GetParticipants(stale);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("has completed round 0, not round 7: join again"));
+}
+
+// The work one join costs, counted rather than timed: store writes, keys
+// rewritten, bytes serialized and nodes visited per node must not grow
+// with the round. A join that summed or searched the round (as Join's
+// world-size check and CancelJoin once did) makes a round quadratic.
+struct RoundWork {
+  store::EngineWork engine;
+  RendezvousStats stats;
+  uint64_t lookup_bytes = 0;  // GetParticipants replies: ring + root.
+};
+
+RoundWork OneRound(int n) {
+  auto counting =
+      std::make_unique<store::CountingEngine>(store::NewMemoryEngine());
+  store::CountingEngine* engine = counting.get();
+  store::KvStore store(std::move(counting));
+  Rendezvous rdzv(&store);
+  const store::EngineWork before = engine->work();
+  int answered = 0;
+  auto request = [n](int i) {
+    v1::JoinRequest req;
+    req.set_run_id("job");
+    // Fixed widths, so that every node's own bytes are the same.
+    req.set_node_id(absl::StrFormat("node-%06d", i));
+    req.set_address(absl::StrFormat("10.%03d.%03d.1:29400", i / 256, i % 256));
+    req.set_local_world_size(8);
+    req.set_min_nodes(n);
+    req.set_max_nodes(n);
+    req.set_join_timeout_ms(10 * 60 * 1000);
+    return req;
+  };
+  auto done = [&answered](absl::StatusOr<v1::JoinResponse> r) {
+    EXPECT_TRUE(r.ok()) << r.status();
+    ++answered;
+  };
+  for (int i = 0; i < n; ++i) {
+    // Every fourth node gives up once and joins again.
+    if (i % 4 == 1) rdzv.CancelJoin(rdzv.Join(request(i), done));
+    rdzv.Join(request(i), done);
+  }
+  EXPECT_EQ(answered, n);
+  RoundWork work;
+  work.engine = engine->work() - before;
+  work.stats = rdzv.stats();
+  for (int i = 0; i < n; ++i) {
+    v1::GetParticipantsRequest req;
+    req.set_run_id("job");
+    for (int r : {0, (i + n - 1) % n, (i + 1) % n}) {
+      v1::NodeRankRange* range = req.add_ranges();
+      range->set_start_node_rank(r);
+      range->set_end_node_rank(r + 1);
+    }
+    absl::StatusOr<ParticipantsReply> reply = rdzv.GetParticipantsBytes(req);
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    if (reply.ok()) work.lookup_bytes += reply->size();
+  }
+  return work;
+}
+
+TEST(RendezvousWorkTest, WorkPerJoinDoesNotGrowWithTheRound) {
+  const RoundWork small = OneRound(1000);
+  const RoundWork large = OneRound(4000);
+  // One write completes a round, whatever its size; no join reads.
+  for (const RoundWork* w : {&small, &large}) {
+    EXPECT_EQ(w->engine.applies, 1u);
+    EXPECT_EQ(w->engine.mutations, 1u);
+    EXPECT_EQ(w->engine.gets, 0u);
+    EXPECT_EQ(w->stats.rounds_completed, 1u);
+  }
+  // Every node is visited the same number of times (its completion).
+  EXPECT_EQ(large.stats.node_visits * 1000, small.stats.node_visits * 4000);
+  // Bytes per node: a node's own fields are the same at both sizes, but
+  // rank-valued varints (node_rank, first_global_rank, world_size,
+  // num_nodes) take a byte more past 2^7 and 2^14. Going from 1,000 to
+  // 4,000 nodes of 8 ranks (world 8,000 to 32,000) each of the four gains
+  // at most one byte, so a node's bytes grow by at most 4, plus the
+  // share of a round's constant bytes (the run's record header, the
+  // key), which only shrinks.
+  constexpr double kVarintGrowth = 4;
+  auto per_node = [](uint64_t bytes, int n) {
+    return static_cast<double>(bytes) / n;
+  };
+  EXPECT_LE(per_node(large.engine.bytes_written, 4000),
+            per_node(small.engine.bytes_written, 1000) + kVarintGrowth);
+  EXPECT_LE(per_node(large.stats.bytes_serialized, 4000),
+            per_node(small.stats.bytes_serialized, 1000) + kVarintGrowth);
+  EXPECT_LE(per_node(large.stats.join_response_bytes, 4000),
+            per_node(small.stats.join_response_bytes, 1000) + kVarintGrowth);
+  EXPECT_LE(per_node(large.lookup_bytes, 4000),
+            per_node(small.lookup_bytes, 1000) + 3 * kVarintGrowth);
+  // And none of it is an N-entry list per node: a JoinResponse of a large
+  // round carries no participants.
+  EXPECT_LT(per_node(large.stats.join_response_bytes, 4000), 100);
 }
 
 TEST_F(RendezvousTest, RunRecordsAreInTheReservedNamespace) {

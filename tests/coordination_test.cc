@@ -216,6 +216,43 @@ TEST_F(CoordinationTest, ALargeRoundsNodesReadTheirPeersThroughTheRpc) {
   }
 }
 
+// A node of a large round that reads only the peers it talks to: its ring
+// neighbours and the root, through GetParticipants.
+TEST_F(CoordinationTest, ALargeRoundsNodesLookUpPeersByRank) {
+  constexpr int kNodes = 260;
+  std::vector<RendezvousOptions> nodes;
+  for (int i = 0; i < kNodes; ++i) {
+    nodes.push_back(Node(absl::StrCat("n", 1000 + i), kNodes, kNodes));
+    nodes.back().list_peers = false;
+  }
+  auto results = JoinAll(server_->address(), nodes);
+  auto client = RendezvousClient::Connect(At(server_->address()));
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (int i : {0, 1, 17, kNodes - 1}) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    const RendezvousResult& r = *results[i];
+    EXPECT_TRUE(r.peers.empty());
+    const int prev = (i + kNodes - 1) % kNodes, next = (i + 1) % kNodes;
+    auto peers = (*client)->GetPeers(
+        "job", r.round, {{0, 1}, {prev, prev + 1}, {next, next + 1}});
+    ASSERT_TRUE(peers.ok()) << peers.status();
+    ASSERT_EQ(peers->size(), 3u);
+    EXPECT_EQ((*peers)[0].node_id, "n1000");
+    EXPECT_EQ((*peers)[1].node_rank, prev);
+    EXPECT_EQ((*peers)[1].address, nodes[prev].address);
+    EXPECT_EQ((*peers)[2].node_id, nodes[next].node_id);
+    EXPECT_EQ((*peers)[2].first_global_rank, 2 * next);
+  }
+  auto outside = (*client)->GetPeers("job", 0, {{kNodes - 1, kNodes + 1}});
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(outside.status().message(), HasSubstr("[259, 261)"));
+  auto stale = (*client)->GetPeers("job", 3, {{0, 1}});
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kAborted);
+  auto status = (*client)->GetRunStatus("job");
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->num_participants, kNodes);
+}
+
 // Collects member events.
 struct Events {
   absl::Mutex mu;
