@@ -2,7 +2,7 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -272,7 +272,7 @@ int InfoCommand(const std::vector<std::string>& args,
 
 int ParticipantsCommand(const std::vector<std::string>& args,
                         const cohort::ConnectionOptions& options) {
-  int start = 0, end = -1;
+  int start = 0, end = 0;
   if ((args.size() != 1 && args.size() != 3) ||
       (args.size() == 3 && (!absl::SimpleAtoi(args[1], &start) ||
                             !absl::SimpleAtoi(args[2], &end)))) {
@@ -282,18 +282,22 @@ int ParticipantsCommand(const std::vector<std::string>& args,
   if (!client.ok()) return Fail(client.status());
   absl::StatusOr<cohort::RunStatus> status = (*client)->GetRunStatus(args[0]);
   if (!status.ok()) return Fail(status.status());
-  if (end < 0) end = status->num_participants;
-  // A page at a time, all of one round: ABORTED if the run moves on.
+  if (args.size() == 1) end = status->num_participants;
+  // A page at a time, all of one round: ABORTED if the run moves on. The
+  // first call is made whatever the range, so that cohortd judges it: an
+  // empty or reversed one is INVALID_ARGUMENT, not an empty listing.
   constexpr int kPage = 10000;
-  for (int first = start; first < end; first += kPage) {
-    auto peers = (*client)->GetPeers(args[0], status->round,
-                                     {{first, std::min(end, first + kPage)}});
+  int first = start;
+  do {
+    const int last = int64_t{end} - first > kPage ? first + kPage : end;
+    auto peers = (*client)->GetPeers(args[0], status->round, {{first, last}});
     if (!peers.ok()) return Fail(peers.status());
     for (const cohort::RendezvousPeer& p : *peers) {
       PrintLine(absl::StrCat(p.node_rank, " ", p.node_id, " ", p.address, " ",
                              p.local_world_size, " ", p.first_global_rank));
     }
-  }
+    first = last;
+  } while (first < end);
   return 0;
 }
 

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The foundation's acceptance walk-through with the real binaries: cohortctl
 # against cohortd, a blocked get released by another client, a clear error
-# for an oversized key, and every acknowledged write back after kill -9.
+# for an oversized key, the participants of a rendezvous round (and clear
+# errors for a bad range or an unknown run), and every acknowledged write
+# back after kill -9.
 set -uo pipefail
 
 COHORTD=server/cohortd
 CTL=client/cohortctl
+JOIN=tests/join_main
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
 DATA=$TMP/data
 LOG=$TMP/cohortd.log
@@ -80,6 +83,45 @@ expect_eq "still serving" "$("$CTL" get greeting)" "hello"
 # Misuse is exit status 2.
 "$CTL" frobnicate >/dev/null 2>&1; expect_eq "unknown command rc" "$?" "2"
 "$CTL" set onlykey >/dev/null 2>&1; expect_eq "missing arg rc" "$?" "2"
+
+# participants prints the nodes of a run's last completed round, a
+# "NODE_RANK NODE_ID ADDRESS LOCAL_WORLD_SIZE FIRST_GLOBAL_RANK" a line;
+# nodes rank by node id.
+for i in 2 0 1; do
+  "$JOIN" --addr="$COHORT_ADDR" --run=job --node="n$i" --address="host$i:2950$i" \
+    --local_world_size=$((i + 1)) --nnodes=3 >"$TMP/join.$i.out" 2>&1 &
+  joiner[i]=$!
+done
+for i in 0 1 2; do
+  wait "${joiner[i]}" || fail "join n$i: $(cat "$TMP/join.$i.out")"
+  expect_eq "join n$i" "$(cat "$TMP/join.$i.out")" "round 0 node_rank $i"
+done
+expect_eq "participants" "$("$CTL" participants job | tr '\n' '|')" \
+  "0 n0 host0:29500 1 0|1 n1 host1:29501 2 1|2 n2 host2:29502 3 3|"
+expect_eq "participants 1 3" "$("$CTL" participants job 1 3 | tr '\n' '|')" \
+  "1 n1 host1:29501 2 1|2 n2 host2:29502 3 3|"
+expect_eq "participants 0 1" "$("$CTL" participants job 0 1)" "0 n0 host0:29500 1 0"
+for range in "2 4" "-1 2" "2 2" "2 1" "1 -1"; do
+  # shellcheck disable=SC2086 # START END, split.
+  err=$("$CTL" participants job $range 2>&1 >"$TMP/range.out"); rc=$?
+  [[ $rc == 1 && "$err" == *INVALID_ARGUMENT*"[${range/ /, })"*"3 node ranks"* ]] ||
+    fail "participants job $range: rc $rc, '$err'"
+  expect_eq "participants job $range prints nothing" "$(cat "$TMP/range.out")" ""
+done
+err=$("$CTL" participants nojob 2>&1); rc=$?
+[[ $rc == 1 && "$err" == *NOT_FOUND*"no run 'nojob'"* ]] || fail "participants of an unknown run: rc $rc, '$err'"
+"$JOIN" --addr="$COHORT_ADDR" --run=pending --node=a --nnodes=2 >/dev/null 2>&1 &
+PENDING=$!
+for _ in $(seq 600); do  # until the join is in
+  err=$("$CTL" participants pending 2>&1); rc=$?
+  [[ "$err" != *NOT_FOUND* ]] && break
+  sleep 0.05
+done
+[[ $rc == 1 && "$err" == *FAILED_PRECONDITION*"no completed round"* ]] ||
+  fail "participants of a run still collecting: rc $rc, '$err'"
+kill -9 $PENDING; wait $PENDING 2>/dev/null
+"$CTL" participants job 1 >/dev/null 2>&1; expect_eq "participants START alone rc" "$?" "2"
+"$CTL" participants job one 2 >/dev/null 2>&1; expect_eq "participants bad START rc" "$?" "2"
 
 # Watch prints changes as they happen.
 "$CTL" watch w/ >"$TMP/watch.out" &

@@ -15,12 +15,21 @@
 #   - PyTorch's TCPStore client on one replica is woken by a write through
 #     the other (both protocols work on the etcd engine);
 #   - a watch resumes from a past revision on a replica started later.
+#
+# With the argument "participants" (tests:etcd_ha_participants_test), the
+# same cluster without faults or load, for the raw methods a follower
+# passes to the leader as bytes: ListParticipants and GetParticipants
+# through the follower answer exactly as the leader, errors included
+# (tests/ha_participants.cc), and so does cohortctl participants.
 set -uo pipefail
+
+MODE=${1:-faults}
 
 COHORTD=server/cohortd
 CTL=client/cohortctl
 RUN=worker/launch/cohortrun
 WRITER=tests/ha_writer
+PARTICIPANTS=tests/ha_participants
 PYTHON=/usr/bin/python3
 TRIALS=${HA_TRIALS:-20}
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
@@ -108,6 +117,41 @@ wait_leader() {  # waits for a cohortd leader; prints the time taken (a figure)
   done
   return 1
 }
+finish() {  # NAME: exits, 1 with the replicas' logs if a check failed
+  if ((failures)); then
+    for f in "$TMP"/c*.log; do echo "--- $f"; tail -20 "$f"; done
+    echo "$1: $failures check(s) failed"
+    exit 1
+  fi
+  echo "$1: every check passed"
+  exit 0
+}
+
+if [[ "$MODE" == participants ]]; then
+  wait_leader >/dev/null || { cat "$TMP"/c*.log; echo "FAIL: no cohortd leader"; exit 1; }
+  r=$(cohortd_leader)
+  leader=127.0.0.1:${replica_port[$r]}
+  follower=127.0.0.1:${replica_port[$((1 - r))]}
+  echo "leader $leader, follower $follower"
+  # The nodes join through either replica (the first address answering).
+  timeout 240 "$PARTICIPANTS" --leader="$leader" --follower="$follower" \
+    --join_addr="$ADDRS" --run=ha-peers || fail "ha_participants"
+  # Its run is at its second round of 5 nodes now.
+  at_leader=$(timeout 60 "$CTL" --addr="$leader" participants ha-peers 2>&1) ||
+    fail "cohortctl participants on the leader: $at_leader"
+  at_follower=$(timeout 60 "$CTL" --addr="$follower" participants ha-peers 2>&1) ||
+    fail "cohortctl participants through the follower: $at_follower"
+  [[ "$at_follower" == "$at_leader" && $(wc -l <<<"$at_leader") == 5 ]] ||
+    fail "cohortctl participants: the follower printed '$at_follower', the leader '$at_leader'"
+  at_leader=$(timeout 60 "$CTL" --addr="$leader" participants ha-peers 1 3 2>&1)
+  at_follower=$(timeout 60 "$CTL" --addr="$follower" participants ha-peers 1 3 2>&1)
+  [[ "$at_follower" == "$at_leader" && "$at_leader" == "1 node-"*$'\n'"2 node-"* ]] ||
+    fail "cohortctl participants 1 3: the follower printed '$at_follower', the leader '$at_leader'"
+  err=$(timeout 60 "$CTL" --addr="$follower" participants ha-peers 4 9 2>&1); rc=$?
+  [[ $rc == 1 && "$err" == *INVALID_ARGUMENT*"[4, 9)"*"5 node ranks"* ]] ||
+    fail "cohortctl participants 4 9 through the follower: rc $rc, '$err'"
+  finish "etcd_ha_test participants"
+fi
 
 "$WRITER" --addr="$ADDRS" --threads=4 --prefix=ha/ >"$TMP/writer.out" 2>&1 &
 WPID=$!
@@ -226,9 +270,4 @@ for n in a b; do
 done
 echo "rendezvous across a leader failover: completed (new leader after ${failover:-?} s)"
 
-if ((failures)); then
-  for f in "$TMP"/c*.log; do echo "--- $f"; tail -20 "$f"; done
-  echo "etcd_ha_test: $failures check(s) failed"
-  exit 1
-fi
-echo "etcd_ha_test: every check passed"
+finish etcd_ha_test
