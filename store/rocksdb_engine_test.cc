@@ -188,6 +188,25 @@ absl::Status AwaitWritable(KvStore& store) {
   return writable;
 }
 
+// Waits until `dir` holds one write-ahead log: RocksDB has flushed every
+// memtable but the current one and deleted their logs. The fake disk gives
+// a deleted file's bytes back to its room, so a log deleted after Fill
+// would otherwise refill it at a moment of RocksDB's choosing.
+bool AwaitOneLog(const std::string& dir) {
+  const char* scale_env = std::getenv("COHORT_TEST_TIME_SCALE");
+  const int scale =
+      scale_env != nullptr ? std::max(1, std::atoi(scale_env)) : 1;
+  for (int i = 0; i < 300 * scale; ++i) {
+    int logs = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      if (entry.path().extension() == ".log") ++logs;
+    }
+    if (logs == 1) return true;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return false;
+}
+
 // Opening `dir` again finds exactly `acked`.
 void ExpectHolds(const std::string& dir,
                  const std::map<std::string, std::string>& acked) {
@@ -318,7 +337,12 @@ TEST(RocksDbEngineTest, DeletesGoThroughAfterAFlushRanOutOfSpace) {
     // finds no room left after the first 36 MiB.
     const std::string value(128 << 10, 'v');
     for (int i = 0; i < 320; ++i) {
-      if (i == 288) fs->Fill(1 << 20);
+      if (i == 288) {
+        // The first memtable (keys up to about k255) is flushed while there
+        // is room; the second one's flush is the one that runs out.
+        ASSERT_TRUE(AwaitOneLog(dir)) << "the first memtable's log remains";
+        fs->Fill(1 << 20);
+      }
       const std::string key = absl::StrCat("k", i);
       if (!store.Set(key, value).ok()) break;
       acked[key] = value;
