@@ -377,6 +377,10 @@ class EtcdEngine final : public KvEngine {
         stream_context_ = nullptr;
         if (stopping_) return;
       }
+      // etcd keeps a stream open after cancelling a watch on it: without
+      // this, Finish would wait for it forever (and StopFeed, which no
+      // longer sees the context, with it).
+      context.TryCancel();
       stream->Finish().IgnoreError();
       // Go on with the next member.
       current_ = (index + 1) % members_.size();
