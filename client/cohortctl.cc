@@ -164,13 +164,15 @@ std::vector<std::string> ParseArgs(int argc, char** argv) {
 
 int RunWatch(cohort::Store& store, const std::string& prefix,
              const sigset_t& stop_signals) {
-  auto watch = store.Watch(prefix, absl::GetFlag(FLAGS_from_revision),
-                           [](const cohort::WatchEvent& e) {
-    PrintLine(absl::StrCat(
-        e.revision, " ",
-        e.type == cohort::WatchEvent::Type::kPut ? "PUT " : "DELETE ", e.key,
-        e.type == cohort::WatchEvent::Type::kPut ? " " : "", e.value));
-  });
+  auto watch = store.Watch(
+      prefix, absl::GetFlag(FLAGS_from_revision),
+      [](const cohort::WatchEvent& e) {
+        PrintLine(absl::StrCat(
+            e.revision, " ",
+            e.type == cohort::WatchEvent::Type::kPut ? "PUT " : "DELETE ",
+            e.key, e.type == cohort::WatchEvent::Type::kPut ? " " : "",
+            e.value));
+      });
   if (!watch.ok()) return Fail(watch.status());
   // Runs until a stop signal, or until the watch fails.
   absl::Notification ended;
@@ -229,16 +231,15 @@ int AuthCommand(const std::string& command,
     auto listed = (*client)->List();
     if (!listed.ok()) return Fail(listed.status());
     for (const cohort::v1::TokenInfo& t : listed->tokens()) {
-      PrintLine(absl::StrCat(t.id(), " ",
-                             cohort::auth::RoleName(t.role()), " ",
+      PrintLine(absl::StrCat(t.id(), " ", cohort::auth::RoleName(t.role()), " ",
                              t.prefix(), " ", FormatMs(t.expires_unix_ms()),
-                             " ", absl::StrReplaceAll(t.issued_by(), {{" ", "_"}}),
+                             " ",
+                             absl::StrReplaceAll(t.issued_by(), {{" ", "_"}}),
                              " ", t.description()));
     }
     return 0;
   }
-  return Usage(
-      "token takes: issue ROLE PREFIX | revoke ID | list");
+  return Usage("token takes: issue ROLE PREFIX | revoke ID | list");
 }
 
 int InfoCommand(const std::vector<std::string>& args,
@@ -301,54 +302,29 @@ int ParticipantsCommand(const std::vector<std::string>& args,
   return 0;
 }
 
-int main(int argc, char** argv) {
-  // Blocked before any thread (gRPC's included) starts, so `watch` can take
-  // them with sigtimedwait.
-  const sigset_t stop_signals = cohort::base::BlockStopSignals();
-  absl::SetProgramUsageMessage(kUsage);
-  std::vector<std::string> args = ParseArgs(argc, argv);
-  if (args.empty()) return Usage("no command given");
-  const std::string command = args[0];
-  args.erase(args.begin());
-
+// The connection options the flags give (--addr, TLS, --token_file).
+absl::StatusOr<cohort::RemoteStoreOptions> OptionsFromFlags() {
   cohort::RemoteStoreOptions options;
   options.address = Address();
   options.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout));
   options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
-  if (const std::string file = absl::GetFlag(FLAGS_token_file);
-      !file.empty()) {
+  if (const std::string file = absl::GetFlag(FLAGS_token_file); !file.empty()) {
     absl::StatusOr<std::string> token =
         cohort::ReadTokenFile(file, "--token_file");
-    if (!token.ok()) return Fail(token.status());
+    if (!token.ok()) return token.status();
     options.token = *std::move(token);
   }
-  if (command == "whoami" || command == "token") {
-    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
-    return AuthCommand(command, args, options);
-  }
-  if (command == "info") {
-    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
-    return InfoCommand(args, options);
-  }
-  if (command == "participants") {
-    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
-    return ParticipantsCommand(args, options);
-  }
-  auto connected = cohort::RemoteStore::Connect(options);
-  if (!connected.ok()) return Fail(connected.status());
-  cohort::RemoteStore& store = **connected;
-  const double timeout_s = absl::GetFlag(FLAGS_timeout);
-  if (!(timeout_s > 0)) return Usage("--timeout must be > 0 seconds");
-  const absl::Duration timeout = absl::Seconds(timeout_s);
+  return options;
+}
 
-  if (command != "watch") {
-    // Other commands die of SIGINT/SIGTERM as usual: the main thread takes
-    // them (gRPC's threads keep them blocked).
-    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
-  }
-
+// The store's commands: set, get, add, cas, delete, wait, check, list,
+// num-keys and watch.
+int StoreCommand(const std::string& command,
+                 const std::vector<std::string>& args,
+                 cohort::RemoteStore& store, absl::Duration timeout,
+                 const sigset_t& stop_signals) {
   auto need = [&](size_t min, size_t max) {
     return args.size() >= min && args.size() <= max;
   };
@@ -421,4 +397,41 @@ int main(int argc, char** argv) {
     return RunWatch(store, args.empty() ? "" : args[0], stop_signals);
   }
   return Usage(absl::StrCat("unknown command '", command, "'"));
+}
+
+int main(int argc, char** argv) {
+  // Blocked before any thread (gRPC's included) starts, so `watch` can take
+  // them with sigtimedwait.
+  const sigset_t stop_signals = cohort::base::BlockStopSignals();
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<std::string> args = ParseArgs(argc, argv);
+  if (args.empty()) return Usage("no command given");
+  const std::string command = args[0];
+  args.erase(args.begin());
+
+  absl::StatusOr<cohort::RemoteStoreOptions> options = OptionsFromFlags();
+  if (!options.ok()) return Fail(options.status());
+  if (command == "whoami" || command == "token") {
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+    return AuthCommand(command, args, *options);
+  }
+  if (command == "info") {
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+    return InfoCommand(args, *options);
+  }
+  if (command == "participants") {
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+    return ParticipantsCommand(args, *options);
+  }
+  auto connected = cohort::RemoteStore::Connect(*options);
+  if (!connected.ok()) return Fail(connected.status());
+  const double timeout_s = absl::GetFlag(FLAGS_timeout);
+  if (!(timeout_s > 0)) return Usage("--timeout must be > 0 seconds");
+  if (command != "watch") {
+    // Other commands die of SIGINT/SIGTERM as usual: the main thread takes
+    // them (gRPC's threads keep them blocked).
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+  }
+  return StoreCommand(command, args, **connected, absl::Seconds(timeout_s),
+                      stop_signals);
 }

@@ -15,7 +15,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "base/grpc_status.h"
+#include "proto/rpc/grpc_status.h"
 #include "client/peer_probe.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"

@@ -1,7 +1,6 @@
 #include "client/peer_probe.h"
 
 #include <fcntl.h>
-#include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -11,8 +10,11 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "absl/time/clock.h"
+#include "base/net.h"
 
 namespace cohort {
 namespace {
@@ -73,14 +75,14 @@ struct Leg {
 
 // A non-blocking TCP connection to `a`, waiting for it until `deadline`;
 // -1 with *why set when there is none.
-int Connect(const addrinfo* a, absl::Time deadline, PeerAnswer* why) {
-  int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                  a->ai_protocol);
+int Connect(const base::SocketAddress& a, absl::Time deadline,
+            PeerAnswer* why) {
+  int fd = socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     *why = {PeerKind::kUnreachable, std::strerror(errno)};
     return -1;
   }
-  if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) return fd;
+  if (connect(fd, a.get(), a.size) == 0) return fd;
   if (errno != EINPROGRESS) {
     *why = {PeerKind::kUnreachable, std::strerror(errno)};
     close(fd);
@@ -289,24 +291,15 @@ const std::string& TlsClientHello() {
 }
 
 PeerAnswer ProbePeer(const std::string& address, absl::Duration wait) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) {
-    return {PeerKind::kUnreachable, "not HOST:PORT"};
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  const std::string port = address.substr(colon + 1);
-  addrinfo hints = {};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (int error = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
-      error != 0) {
-    return {PeerKind::kUnreachable, gai_strerror(error)};
+  absl::StatusOr<base::HostPort> where = base::SplitHostPort(address);
+  if (!where.ok()) return {PeerKind::kUnreachable, "not HOST:PORT"};
+  absl::StatusOr<std::vector<base::SocketAddress>> found =
+      base::Resolve(*where);
+  if (!found.ok()) {
+    return {PeerKind::kUnreachable, std::string(found.status().message())};
   }
   PeerAnswer answer = {PeerKind::kUnreachable, "the name has no address"};
-  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+  for (const base::SocketAddress& a : *found) {
     std::array<Leg, 2> legs;
     legs[0].opening = Http2ClientPreface();
     legs[1].opening = TlsClientHello();
@@ -323,7 +316,6 @@ PeerAnswer ProbePeer(const std::string& address, absl::Duration wait) {
     }
     break;
   }
-  freeaddrinfo(found);
   return answer;
 }
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/net.h"
 #include "client/peer_probe.h"
 #include "proto/tcpstore/wire.h"
 
@@ -30,39 +31,30 @@ uint64_t Random64() {
   return rng();
 }
 
-int MillisUntil(absl::Time deadline) {
-  const absl::Duration left = deadline - absl::Now();
-  if (left <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(std::min<int64_t>(
-      absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
-      1 << 30));
-}
-
-std::string NumericHost(const addrinfo* a) {
+std::string NumericHost(const base::SocketAddress& a) {
   char host[NI_MAXHOST] = "";
-  getnameinfo(a->ai_addr, a->ai_addrlen, host, sizeof(host), nullptr, 0,
-              NI_NUMERICHOST);
+  getnameinfo(a.get(), a.size, host, sizeof(host), nullptr, 0, NI_NUMERICHOST);
   return host;
 }
 
 // A TCP connection to `a` within `timeout`, or -1 and *why.
-int Connect(const addrinfo* a, absl::Duration timeout, absl::Status* why) {
+int Connect(const base::SocketAddress& a, absl::Duration timeout,
+            absl::Status* why) {
   const int fd =
-      socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-             a->ai_protocol);
+      socket(a.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     *why = absl::UnavailableError(
         absl::StrCat("cannot open a socket: ", std::strerror(errno)));
     return -1;
   }
   int error = 0;
-  if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+  if (connect(fd, a.get(), a.size) != 0) {
     error = errno;
     if (error == EINPROGRESS) {
       const absl::Time deadline = absl::Now() + timeout;
       pollfd p = {fd, POLLOUT, 0};
       int ready;
-      while ((ready = poll(&p, 1, MillisUntil(deadline))) < 0 &&
+      while ((ready = poll(&p, 1, base::PollTimeoutMillis(deadline))) < 0 &&
              errno == EINTR) {
       }
       error = ETIMEDOUT;
@@ -88,37 +80,24 @@ int Connect(const addrinfo* a, absl::Duration timeout, absl::Status* why) {
 
 // Connects to the first address of `address` that accepts; why not.
 absl::StatusOr<int> Dial(const std::string& address, absl::Duration timeout) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("\"", absl::CHexEscape(address), "\" is not HOST:PORT"));
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  addrinfo hints = {};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (int rc = getaddrinfo(host.c_str(), address.c_str() + colon + 1, &hints,
-                           &found);
-      rc != 0) {
+  absl::StatusOr<base::HostPort> where = base::SplitHostPort(address);
+  if (!where.ok()) return where.status();
+  absl::StatusOr<std::vector<base::SocketAddress>> found =
+      base::Resolve(*where);
+  if (!found.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("the host does not resolve: ", gai_strerror(rc)));
+        absl::StrCat("the host does not resolve: ", found.status().message()));
   }
   std::vector<absl::Status> failures;
   std::vector<std::string> tried;
   int fd = -1;
-  for (const addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+  for (const base::SocketAddress& a : *found) {
     absl::Status why;
     fd = Connect(a, timeout, &why);
-    if (fd < 0) {
-      failures.push_back(why);
-      tried.push_back(NumericHost(a));
-    }
+    if (fd >= 0) break;
+    failures.push_back(why);
+    tried.push_back(NumericHost(a));
   }
-  freeaddrinfo(found);
   if (fd >= 0) return fd;
   if (failures.size() == 1) return failures[0];
   // Say what each address did; time-outs are the news if any.
@@ -186,17 +165,12 @@ CheckReply ClassifyCheckReply(absl::string_view bytes, bool ended,
                                              : CheckReply::kWrongBytes;
 }
 
-absl::Status ProbeTcpStoreListener(const TcpStoreCheckOptions& options,
-                                   absl::string_view key) {
-  if (absl::Status s = tcpstore::CheckNamespace(options.name_space); !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<int> dialed = Dial(options.address, options.timeout);
-  if (!dialed.ok()) return dialed.status();
-  const int fd = *dialed;
-  const uint32_t nonce = static_cast<uint32_t>(Random64());
-  const std::string opening = CheckOpening(options, key, nonce);
-  const absl::Time deadline = absl::Now() + options.timeout;
+namespace {
+
+// Sends the check's opening and reads until the replies say what answers
+// (or the deadline): the classified reply, and the bytes received.
+CheckReply Exchange(int fd, const std::string& opening, uint32_t nonce,
+                    bool with_key, absl::Time deadline, std::string& received) {
   // The opening is a few hundred bytes: the socket buffer takes it whole.
   size_t sent = 0;
   while (sent < opening.size()) {
@@ -209,21 +183,20 @@ absl::Status ProbeTcpStoreListener(const TcpStoreCheckOptions& options,
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN) {
       pollfd p = {fd, POLLOUT, 0};
-      if (poll(&p, 1, MillisUntil(deadline)) > 0) continue;
+      if (poll(&p, 1, base::PollTimeoutMillis(deadline)) > 0) continue;
     }
     break;  // Closed or stuck: the replies (none) tell.
   }
-  std::string received;
   bool ended = false;
   CheckReply reply = CheckReply::kIncomplete;
   for (;;) {
-    reply = ClassifyCheckReply(received, ended, nonce, !key.empty());
+    reply = ClassifyCheckReply(received, ended, nonce, with_key);
     if (reply != CheckReply::kIncomplete && reply != CheckReply::kPingOnly) {
       break;
     }
     if (ended) break;
     pollfd p = {fd, POLLIN, 0};
-    const int ready = poll(&p, 1, MillisUntil(deadline));
+    const int ready = poll(&p, 1, base::PollTimeoutMillis(deadline));
     if (ready < 0 && errno == EINTR) continue;
     if (ready <= 0) break;  // The deadline.
     char buf[256];
@@ -234,8 +207,13 @@ absl::Status ProbeTcpStoreListener(const TcpStoreCheckOptions& options,
       ended = true;
     }
   }
-  close(fd);
-  const std::string waited = absl::FormatDuration(options.timeout);
+  return reply;
+}
+
+// What the peer's answer (`reply`, the bytes `received`) says is there.
+absl::Status Verdict(CheckReply reply, const std::string& received,
+                     absl::Duration timeout) {
+  const std::string waited = absl::FormatDuration(timeout);
   switch (reply) {
     case CheckReply::kAnswered:
       return absl::OkStatus();
@@ -278,6 +256,25 @@ absl::Status ProbeTcpStoreListener(const TcpStoreCheckOptions& options,
       absl::CHexEscape(absl::string_view(received).substr(0, 16)),
       "\"): not a TCPStore listener (cohortd's gRPC port, or another "
       "service?)"));
+}
+
+}  // namespace
+
+absl::Status ProbeTcpStoreListener(const TcpStoreCheckOptions& options,
+                                   absl::string_view key) {
+  if (absl::Status s = tcpstore::CheckNamespace(options.name_space); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<int> dialed = Dial(options.address, options.timeout);
+  if (!dialed.ok()) return dialed.status();
+  const int fd = *dialed;
+  const uint32_t nonce = static_cast<uint32_t>(Random64());
+  std::string received;
+  const CheckReply reply =
+      Exchange(fd, CheckOpening(options, key, nonce), nonce, !key.empty(),
+               absl::Now() + options.timeout, received);
+  close(fd);
+  return Verdict(reply, received, options.timeout);
 }
 
 absl::StatusOr<TcpStoreCheckResult> CheckTcpStoreListener(

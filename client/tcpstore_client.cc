@@ -1,15 +1,6 @@
 #include "client/tcpstore_client.h"
 
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <random>
 #include <utility>
 
@@ -17,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/net.h"
 
 namespace cohort {
 namespace {
@@ -24,9 +16,8 @@ namespace {
 using tcpstore::Dialect;
 using tcpstore::Op;
 using tcpstore::Request;
+using Call = TcpStoreCallOptions;
 
-// A reply string longer than this is a corrupt length prefix, not data.
-constexpr uint64_t kMaxReplyBytes = uint64_t{1} << 30;
 // At most this many keys are named in a timeout message, and checked one
 // by one to tell which are missing.
 constexpr size_t kKeysNamed = 16;
@@ -51,281 +42,12 @@ std::string KeyListText(absl::Span<const std::string> keys) {
   return out + "]";
 }
 
-// Splits "host:port", "[v6]:port" and "v6addr:port" (the last colon).
-bool SplitAddress(const std::string& address, std::string* host,
-                  std::string* port) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
-    return false;
-  }
-  *host = address.substr(0, colon);
-  *port = address.substr(colon + 1);
-  if (host->front() == '[' && host->back() == ']') {
-    *host = host->substr(1, host->size() - 2);
-  }
-  return !host->empty() &&
-         port->find_first_not_of("0123456789") == std::string::npos;
-}
-
-int MillisUntil(absl::Time deadline) {
-  const absl::Duration left = deadline - absl::Now();
-  if (left <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(std::min<int64_t>(
-      absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
-      1 << 30));
-}
-
-}  // namespace
-
-// One TCP connection: buffered writes and reads with deadlines. Once
-// broken (lost, timed out, or out of step with the protocol) it is never
-// used again.
-class TcpStoreClient::Conn {
- public:
-  // Connects to the first address of `address` that accepts before
-  // `deadline`. UNAVAILABLE saying why not.
-  static absl::StatusOr<std::unique_ptr<Conn>> Open(
-      const std::string& address, absl::Time deadline,
-      absl::Duration reply_timeout) {
-    // Several servers (cohortd replicas), "HOST:PORT,HOST:PORT": each in
-    // turn, until one accepts.
-    if (address.find(',') != std::string::npos) {
-      std::string errors;
-      for (absl::string_view one : absl::StrSplit(address, ',')) {
-        absl::StatusOr<std::unique_ptr<Conn>> conn =
-            Open(std::string(one), deadline, reply_timeout);
-        if (conn.ok()) return conn;
-        absl::StrAppend(&errors, errors.empty() ? "" : "; ", one, ": ",
-                        conn.status().message());
-      }
-      return absl::UnavailableError(errors);
-    }
-    std::string host, port;
-    SplitAddress(address, &host, &port);
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* found = nullptr;
-    if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
-        rc != 0) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
-    }
-    std::string error = "no address";
-    int fd = -1;
-    for (addrinfo* ai = found; ai != nullptr && fd < 0; ai = ai->ai_next) {
-      fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                  ai->ai_protocol);
-      if (fd < 0) {
-        error = std::strerror(errno);
-        continue;
-      }
-      int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
-      if (rc != 0 && errno == EINPROGRESS) {
-        pollfd p{fd, POLLOUT, 0};
-        rc = poll(&p, 1, MillisUntil(deadline));
-        int so_error = ETIMEDOUT;
-        socklen_t len = sizeof(so_error);
-        if (rc == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len);
-        errno = so_error;
-        rc = so_error == 0 ? 0 : -1;
-      }
-      if (rc != 0) {
-        error = std::strerror(errno);
-        close(fd);
-        fd = -1;
-      }
-    }
-    freeaddrinfo(found);
-    if (fd < 0) return absl::UnavailableError(error);
-    const int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return std::unique_ptr<Conn>(new Conn(fd, address, reply_timeout));
-  }
-
-  ~Conn() { close(fd_); }
-
-  Dialect dialect = Dialect::kTorch21;
-  bool broken() const { return broken_; }
-
-  void Queue(const Request& r) { tcpstore::EncodeRequest(dialect, r, &out_); }
-  void Queue(Op op, absl::string_view key = {}) {
-    Request r;
-    r.op = op;
-    r.key = key;
-    Queue(r);
-  }
-  void QueueKeys(Op op, const std::vector<std::string>& keys) {
-    Request r;
-    r.op = op;
-    r.keys.assign(keys.begin(), keys.end());
-    Queue(r);
-  }
-
-  // Sends what is queued.
-  absl::Status Flush() {
-    const absl::Time deadline = absl::Now() + reply_timeout_;
-    size_t sent = 0;
-    while (sent < out_.size()) {
-      ssize_t n =
-          send(fd_, out_.data() + sent, out_.size() - sent, MSG_NOSIGNAL);
-      if (n > 0) {
-        sent += n;
-      } else if (n < 0 && errno == EAGAIN) {
-        pollfd p{fd_, POLLOUT, 0};
-        if (poll(&p, 1, MillisUntil(deadline)) == 0) {
-          return Lost(absl::StrCat("could not send for ",
-                                   absl::FormatDuration(reply_timeout_)));
-        }
-      } else if (n < 0 && errno != EINTR) {
-        return Lost(std::strerror(errno));
-      }
-    }
-    out_.clear();
-    return absl::OkStatus();
-  }
-
-  // Reads `n` bytes into `out`. DEADLINE_EXCEEDED at `deadline`, leaving
-  // the connection usable; UNAVAILABLE (broken) if it closed.
-  absl::Status Read(size_t n, absl::Time deadline, std::string* out) {
-    out->clear();
-    while (out->size() < n) {
-      if (in_pos_ == in_.size()) {
-        in_.clear();
-        in_pos_ = 0;
-        pollfd p{fd_, POLLIN, 0};
-        const int ready = poll(&p, 1, MillisUntil(deadline));
-        if (ready == 0) return absl::DeadlineExceededError("no reply yet");
-        if (ready < 0 && errno == EINTR) continue;
-        char buf[64 << 10];
-        ssize_t got = recv(fd_, buf, sizeof(buf), 0);
-        if (got == 0) return Lost("the server closed the connection");
-        if (got < 0) {
-          if (errno == EAGAIN || errno == EINTR) continue;
-          return Lost(std::strerror(errno));
-        }
-        in_.assign(buf, got);
-      }
-      const size_t take = std::min(n - out->size(), in_.size() - in_pos_);
-      out->append(in_, in_pos_, take);
-      in_pos_ += take;
-    }
-    return absl::OkStatus();
-  }
-
-  // Replies to queries that do not block: a reply that takes longer than
-  // reply_timeout breaks the connection.
-  // A `deadline` given instead is the caller's to handle (a wait's).
-  absl::StatusOr<uint64_t> Word(size_t bytes,
-                                absl::Time deadline = absl::InfiniteFuture()) {
-    const bool is_reply = deadline == absl::InfiniteFuture();
-    if (is_reply) deadline = absl::Now() + reply_timeout_;
-    std::string raw;
-    if (absl::Status s = Read(bytes, deadline, &raw); !s.ok()) {
-      if (is_reply && absl::IsDeadlineExceeded(s)) {
-        return Lost(absl::StrCat("no reply within ",
-                                 absl::FormatDuration(reply_timeout_)));
-      }
-      return s;
-    }
-    uint64_t v = 0;
-    for (size_t i = bytes; i > 0; --i) {
-      v = (v << 8) | static_cast<uint8_t>(raw[i - 1]);
-    }
-    return v;
-  }
-  absl::StatusOr<int64_t> I64() {
-    absl::StatusOr<uint64_t> v = Word(8);
-    if (!v.ok()) return v.status();
-    return static_cast<int64_t>(*v);
-  }
-  absl::StatusOr<std::string> Bytes() {
-    absl::StatusOr<uint64_t> length = Word(8);
-    if (!length.ok()) return length.status();
-    if (*length > kMaxReplyBytes) {
-      return Violation(absl::StrCat("a reply string of ", *length, " bytes"));
-    }
-    std::string value;
-    if (absl::Status s = Read(*length, absl::Now() + reply_timeout_, &value);
-        !s.ok()) {
-      if (absl::IsDeadlineExceeded(s)) return Lost("a reply stopped midway");
-      return s;
-    }
-    return value;
-  }
-
-  // Breaks the connection: the server said something the protocol does
-  // not allow here. INTERNAL.
-  absl::Status Violation(absl::string_view what) {
-    broken_ = true;
-    return absl::InternalError(
-        absl::StrCat("protocol error from the TCPStore server at ", address_,
-                     " (", tcpstore::DialectName(dialect), " dialect): ", what,
-                     "; the connection was dropped"));
-  }
-  // Breaks the connection without an error of the server's.
-  void Drop() { broken_ = true; }
-
-  // Whether the server closed the connection (or sent something
-  // unasked) while it was idle, as a restarted server's old connections
-  // are: then a call reconnects first instead of sending into it.
-  bool Stale() {
-    if (in_pos_ < in_.size()) return true;
-    pollfd p{fd_, POLLIN, 0};
-    return poll(&p, 1, 0) != 0;
-  }
-
- private:
-  Conn(int fd, std::string address, absl::Duration reply_timeout)
-      : fd_(fd), address_(std::move(address)), reply_timeout_(reply_timeout) {}
-
-  absl::Status Lost(absl::string_view why) {
-    broken_ = true;
-    return absl::UnavailableError(absl::StrCat(
-        "lost the connection to the TCPStore server at ", address_, ": ", why));
-  }
-
-  const int fd_;
-  const std::string address_;
-  const absl::Duration reply_timeout_;
-  bool broken_ = false;
-  std::string out_;
-  std::string in_;
-  size_t in_pos_ = 0;
-};
-
-namespace {
-
-// Makes the server confirm everything sent before: SET, MULTI_SET and
-// APPEND have no reply, and replies come in order.
-template <typename Conn>
-absl::Status Sync(Conn& c) {
-  if (c.dialect == Dialect::kTorch113) {
-    c.Queue(Op::kNumKeys);
-    if (absl::Status s = c.Flush(); !s.ok()) return s;
-    return c.I64().status();
-  }
-  Request ping;
-  ping.op = Op::kPing;
-  ping.word = RandomU32();
-  c.Queue(ping);
-  if (absl::Status s = c.Flush(); !s.ok()) return s;
-  absl::StatusOr<uint64_t> echo = c.Word(4);
-  if (!echo.ok()) return echo.status();
-  if (*echo != ping.word) {
-    return c.Violation(
-        absl::StrCat("PING nonce ", ping.word, " came back as ", *echo));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
     const TcpStoreClientOptions& options) {
   for (absl::string_view one : absl::StrSplit(options.address, ',')) {
-    std::string host, port;
-    if (!SplitAddress(std::string(one), &host, &port)) {
+    if (!base::HostPortProblem(one).empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "TCPStore address must be HOST:PORT (or several, comma-separated), "
           "got '",
@@ -376,11 +98,11 @@ absl::Status TcpStoreClient::Dial(absl::Time deadline) {
     validate.op = Op::kValidate;
     validate.word = tcpstore::kValidateMagic;
     c.Queue(validate);
-    return Sync(c);
+    return c.Sync();
   };
   // The kProbe probe: true if the server answered a 1.13 GETNUMKEYS.
   auto probe = [&](Conn& c) {
-    c.dialect = Dialect::kTorch113;
+    c.set_dialect(Dialect::kTorch113);
     c.Queue(Op::kNumKeys);
     if (!c.Flush().ok()) return false;
     return c.Word(8, std::min(deadline, absl::Now() + options_.probe_timeout))
@@ -388,8 +110,9 @@ absl::Status TcpStoreClient::Dial(absl::Time deadline) {
   };
   for (;;) {
     ++attempts;
-    absl::StatusOr<std::unique_ptr<Conn>> conn =
-        Conn::Open(options_.address, deadline, options_.reply_timeout);
+    absl::StatusOr<std::unique_ptr<TcpStoreConnection>> conn =
+        TcpStoreConnection::Open(options_.address, deadline,
+                                 options_.reply_timeout);
     if (conn.ok() && !resolved_ && probe(**conn)) {
       dialect_ = Dialect::kTorch113;
       resolved_ = true;
@@ -398,14 +121,16 @@ absl::Status TcpStoreClient::Dial(absl::Time deadline) {
     }
     if (conn.ok() && !resolved_) {
       // Not 1.13: a 2.1+ server closed or ignored the probe's connection.
-      conn = Conn::Open(options_.address, deadline, options_.reply_timeout);
+      conn = TcpStoreConnection::Open(options_.address, deadline,
+                                      options_.reply_timeout);
     }
     if (conn.ok()) {
-      (*conn)->dialect = resolved_ ? dialect_ : Dialect::kTorch21;
-      absl::Status s = (*conn)->dialect == Dialect::kTorch21 ? handshake(**conn)
-                                                             : absl::OkStatus();
+      (*conn)->set_dialect(resolved_ ? dialect_ : Dialect::kTorch21);
+      absl::Status s = (*conn)->dialect() == Dialect::kTorch21
+                           ? handshake(**conn)
+                           : absl::OkStatus();
       if (s.ok()) {
-        dialect_ = (*conn)->dialect;
+        dialect_ = (*conn)->dialect();
         resolved_ = true;
         conn_ = std::move(*conn);
         return absl::OkStatus();
@@ -436,7 +161,8 @@ absl::Status TcpStoreClient::Dial(absl::Time deadline) {
 }
 
 template <typename T>
-absl::StatusOr<T> TcpStoreClient::Run(absl::string_view what, bool idempotent,
+absl::StatusOr<T> TcpStoreClient::Run(absl::string_view what,
+                                      const TcpStoreCallOptions& call,
                                       Attempt<T> attempt) {
   absl::MutexLock lock(&mu_);
   auto explain = [&](const absl::Status& s) {
@@ -465,7 +191,7 @@ absl::StatusOr<T> TcpStoreClient::Run(absl::string_view what, bool idempotent,
     const absl::Status& s = result.status();
     if (result.ok() || absl::IsDeadlineExceeded(s)) return result;
     if (!absl::IsUnavailable(s)) return explain(s);
-    if (!idempotent) {
+    if (!call.retry_lost_connection) {
       return explain(absl::UnavailableError(
           absl::StrCat(s.message(),
                        "; the change may or may not have been applied "
@@ -508,7 +234,7 @@ absl::Status TcpStoreClient::WaitOn(Conn& c,
   const std::string head =
       absl::StrCat(what, " for keys ", KeyListText(user_keys),
                    " timed out after ", absl::FormatDuration(timeout));
-  if (c.dialect == Dialect::kTorch113) {
+  if (c.dialect() == Dialect::kTorch113) {
     c.Drop();
     return absl::DeadlineExceededError(absl::StrCat(
         head,
@@ -557,9 +283,9 @@ std::vector<std::string> TcpStoreClient::Keys(
 }
 
 absl::Status TcpStoreClient::RunStatus(
-    absl::string_view what, bool idempotent,
+    absl::string_view what, const TcpStoreCallOptions& call,
     absl::FunctionRef<absl::Status(Conn&)> attempt) {
-  return Run<bool>(what, idempotent,
+  return Run<bool>(what, call,
                    [&](Conn& c) -> absl::StatusOr<bool> {
                      absl::Status s = attempt(c);
                      if (!s.ok()) return s;
@@ -571,13 +297,13 @@ absl::Status TcpStoreClient::RunStatus(
 absl::Status TcpStoreClient::Set(absl::string_view key,
                                  absl::string_view value) {
   const std::string k = Key(key);
-  return RunStatus("set", true, [&](Conn& c) {
+  return RunStatus("set", Call::Retryable(), [&](Conn& c) {
     Request r;
     r.op = Op::kSet;
     r.key = k;
     r.value = value;
     c.Queue(r);
-    return Sync(c);
+    return c.Sync();
   });
 }
 
@@ -587,7 +313,7 @@ absl::StatusOr<std::string> TcpStoreClient::Get(absl::string_view key,
   const std::vector<std::string> keys = Keys(user_keys);
   const absl::Time deadline = absl::Now() + timeout;
   return Run<std::string>(
-      "get", true, [&](Conn& c) -> absl::StatusOr<std::string> {
+      "get", Call::Retryable(), [&](Conn& c) -> absl::StatusOr<std::string> {
         if (absl::Status s =
                 WaitOn(c, keys, user_keys, timeout, deadline, "get: wait");
             !s.ok()) {
@@ -602,22 +328,23 @@ absl::StatusOr<std::string> TcpStoreClient::Get(absl::string_view key,
 absl::StatusOr<int64_t> TcpStoreClient::Add(absl::string_view key,
                                             int64_t delta) {
   const std::string k = Key(key);
-  return Run<int64_t>("add", false, [&](Conn& c) -> absl::StatusOr<int64_t> {
-    Request r;
-    r.op = Op::kAdd;
-    r.key = k;
-    r.number = delta;
-    c.Queue(r);
-    if (absl::Status s = c.Flush(); !s.ok()) return s;
-    return c.I64();
-  });
+  return Run<int64_t>("add", Call::Once(),
+                      [&](Conn& c) -> absl::StatusOr<int64_t> {
+                        Request r;
+                        r.op = Op::kAdd;
+                        r.key = k;
+                        r.number = delta;
+                        c.Queue(r);
+                        if (absl::Status s = c.Flush(); !s.ok()) return s;
+                        return c.I64();
+                      });
 }
 
 absl::StatusOr<std::string> TcpStoreClient::CompareSet(
     absl::string_view key, absl::string_view expected,
     absl::string_view desired) {
   const std::string k = Key(key);
-  return Run<std::string>("compare_set", false,
+  return Run<std::string>("compare_set", Call::Once(),
                           [&](Conn& c) -> absl::StatusOr<std::string> {
                             Request r;
                             r.op = Op::kCompareSet;
@@ -634,36 +361,39 @@ absl::Status TcpStoreClient::Wait(absl::Span<const std::string> keys,
                                   absl::Duration timeout) {
   const std::vector<std::string> wire_keys = Keys(keys);
   const absl::Time deadline = absl::Now() + timeout;
-  return RunStatus("wait", true, [&](Conn& c) {
+  return RunStatus("wait", Call::Retryable(), [&](Conn& c) {
     return WaitOn(c, wire_keys, keys, timeout, deadline, "wait");
   });
 }
 
 absl::StatusOr<bool> TcpStoreClient::Check(absl::Span<const std::string> keys) {
   const std::vector<std::string> wire_keys = Keys(keys);
-  return Run<bool>("check", true, [&](Conn& c) -> absl::StatusOr<bool> {
-    c.QueueKeys(Op::kCheck, wire_keys);
-    if (absl::Status s = c.Flush(); !s.ok()) return s;
-    absl::StatusOr<uint64_t> reply = c.Word(1);
-    if (!reply.ok()) return reply.status();
-    if (*reply > 1) return c.Violation(absl::StrCat("CHECK answered ", *reply));
-    return *reply == static_cast<uint8_t>(tcpstore::CheckReply::kReady);
-  });
+  return Run<bool>(
+      "check", Call::Retryable(), [&](Conn& c) -> absl::StatusOr<bool> {
+        c.QueueKeys(Op::kCheck, wire_keys);
+        if (absl::Status s = c.Flush(); !s.ok()) return s;
+        absl::StatusOr<uint64_t> reply = c.Word(1);
+        if (!reply.ok()) return reply.status();
+        if (*reply > 1)
+          return c.Violation(absl::StrCat("CHECK answered ", *reply));
+        return *reply == static_cast<uint8_t>(tcpstore::CheckReply::kReady);
+      });
 }
 
 absl::StatusOr<bool> TcpStoreClient::DeleteKey(absl::string_view key) {
   const std::string k = Key(key);
-  return Run<bool>("delete", true, [&](Conn& c) -> absl::StatusOr<bool> {
-    c.Queue(Op::kDeleteKey, k);
-    if (absl::Status s = c.Flush(); !s.ok()) return s;
-    absl::StatusOr<int64_t> deleted = c.I64();
-    if (!deleted.ok()) return deleted.status();
-    return *deleted > 0;
-  });
+  return Run<bool>("delete", Call::Retryable(),
+                   [&](Conn& c) -> absl::StatusOr<bool> {
+                     c.Queue(Op::kDeleteKey, k);
+                     if (absl::Status s = c.Flush(); !s.ok()) return s;
+                     absl::StatusOr<int64_t> deleted = c.I64();
+                     if (!deleted.ok()) return deleted.status();
+                     return *deleted > 0;
+                   });
 }
 
 absl::StatusOr<int64_t> TcpStoreClient::NumKeys() {
-  return Run<int64_t>("num_keys", true, [&](Conn& c) {
+  return Run<int64_t>("num_keys", Call::Retryable(), [&](Conn& c) {
     c.Queue(Op::kNumKeys);
     if (absl::Status s = c.Flush(); !s.ok()) return absl::StatusOr<int64_t>(s);
     return c.I64();
@@ -675,28 +405,30 @@ absl::StatusOr<std::vector<std::string>> TcpStoreClient::MultiGet(
   const std::vector<std::string> wire_keys = Keys(keys);
   const absl::Time deadline = absl::Now() + timeout;
   using Values = std::vector<std::string>;
-  return Run<Values>("multi_get", true, [&](Conn& c) -> absl::StatusOr<Values> {
-    if (absl::Status s =
-            WaitOn(c, wire_keys, keys, timeout, deadline, "multi_get: wait");
-        !s.ok()) {
-      return s;
-    }
-    Values values;
-    if (keys.empty()) return values;
-    if (c.dialect == Dialect::kTorch113) {
-      for (const std::string& k : wire_keys) c.Queue(Op::kGet, k);
-    } else {
-      c.QueueKeys(Op::kMultiGet, wire_keys);
-    }
-    if (absl::Status s = c.Flush(); !s.ok()) return s;
-    values.reserve(keys.size());
-    for (size_t i = 0; i < keys.size(); ++i) {
-      absl::StatusOr<std::string> v = c.Bytes();
-      if (!v.ok()) return v.status();
-      values.push_back(std::move(*v));
-    }
-    return values;
-  });
+  return Run<Values>("multi_get", Call::Retryable(),
+                     [&](Conn& c) -> absl::StatusOr<Values> {
+                       if (absl::Status s = WaitOn(c, wire_keys, keys, timeout,
+                                                   deadline, "multi_get: wait");
+                           !s.ok()) {
+                         return s;
+                       }
+                       Values values;
+                       if (keys.empty()) return values;
+                       if (c.dialect() == Dialect::kTorch113) {
+                         for (const std::string& k : wire_keys)
+                           c.Queue(Op::kGet, k);
+                       } else {
+                         c.QueueKeys(Op::kMultiGet, wire_keys);
+                       }
+                       if (absl::Status s = c.Flush(); !s.ok()) return s;
+                       values.reserve(keys.size());
+                       for (size_t i = 0; i < keys.size(); ++i) {
+                         absl::StatusOr<std::string> v = c.Bytes();
+                         if (!v.ok()) return v.status();
+                         values.push_back(std::move(*v));
+                       }
+                       return values;
+                     });
 }
 
 absl::Status TcpStoreClient::MultiSet(absl::Span<const std::string> keys,
@@ -706,9 +438,9 @@ absl::Status TcpStoreClient::MultiSet(absl::Span<const std::string> keys,
         "multi_set: ", keys.size(), " keys but ", values.size(), " values"));
   }
   const std::vector<std::string> wire_keys = Keys(keys);
-  return RunStatus("multi_set", true, [&](Conn& c) {
+  return RunStatus("multi_set", Call::Retryable(), [&](Conn& c) {
     Request r;
-    if (c.dialect == Dialect::kTorch113) {
+    if (c.dialect() == Dialect::kTorch113) {
       r.op = Op::kSet;
       for (size_t i = 0; i < keys.size(); ++i) {
         r.key = wire_keys[i];
@@ -721,7 +453,7 @@ absl::Status TcpStoreClient::MultiSet(absl::Span<const std::string> keys,
       r.values.assign(values.begin(), values.end());
       c.Queue(r);
     }
-    return Sync(c);
+    return c.Sync();
   });
 }
 
@@ -739,14 +471,14 @@ absl::Status TcpStoreClient::Append(absl::string_view key,
     absl::Status s = c.Flush();
     return s.ok() ? c.Bytes() : absl::StatusOr<std::string>(s);
   };
-  return RunStatus("append", false, [&](Conn& c) {
-    if (c.dialect == Dialect::kTorch21) {
+  return RunStatus("append", Call::Once(), [&](Conn& c) {
+    if (c.dialect() == Dialect::kTorch21) {
       Request r;
       r.op = Op::kAppend;
       r.key = k;
       r.value = value;
       c.Queue(r);
-      return Sync(c);
+      return c.Sync();
     }
     // Read without writing: a random token as both expected and desired
     // comes back as it is if the key is missing, else the current value.
@@ -778,7 +510,7 @@ absl::StatusOr<KeyList> TcpStoreClient::ListKeys(absl::string_view prefix) {
   }
   const std::string want = Key(prefix);
   return Run<KeyList>(
-      "list_keys", true, [&](Conn& c) -> absl::StatusOr<KeyList> {
+      "list_keys", Call::Retryable(), [&](Conn& c) -> absl::StatusOr<KeyList> {
         c.Queue(Op::kListKeys);
         if (absl::Status s = c.Flush(); !s.ok()) return s;
         absl::StatusOr<int64_t> count = c.I64();

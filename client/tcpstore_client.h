@@ -33,6 +33,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "client/store.h"
+#include "client/tcpstore_connection.h"
 #include "proto/tcpstore/wire.h"
 
 namespace cohort {
@@ -144,7 +145,7 @@ class TcpStoreClient final : public Store {
       WatchCallback callback) override;
 
  private:
-  class Conn;
+  using Conn = TcpStoreConnection;
   template <typename T>
   using Attempt = absl::FunctionRef<absl::StatusOr<T>(Conn&)>;
 
@@ -153,12 +154,14 @@ class TcpStoreClient final : public Store {
   // Connects and handshakes, retrying with backoff until `deadline`.
   absl::Status Dial(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `attempt` on a connection, (re)connecting first if needed, and
-  // retries it after a lost connection when `idempotent` (see above).
+  // retries it after a lost connection when call.retry_lost_connection
+  // (see above).
   template <typename T>
-  absl::StatusOr<T> Run(absl::string_view what, bool idempotent,
+  absl::StatusOr<T> Run(absl::string_view what, const TcpStoreCallOptions& call,
                         Attempt<T> attempt) ABSL_LOCKS_EXCLUDED(mu_);
   // Run for calls that return only a status.
-  absl::Status RunStatus(absl::string_view what, bool idempotent,
+  absl::Status RunStatus(absl::string_view what,
+                         const TcpStoreCallOptions& call,
                          absl::FunctionRef<absl::Status(Conn&)> attempt)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The blocking part of Wait/Get/MultiGet on `conn`: OK once every key

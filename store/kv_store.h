@@ -15,22 +15,25 @@
 // engine, and visible to whoever reads the store. An index of them is kept
 // in memory, loaded from the engine at start and updated by every change
 // applied (on a shared engine, by any replica).
+//
+// Its parts, all under the one mutex: the pending waits (wait_index.h), the
+// watches and their history (watch_history.h), the queues
+// (kv_store_queues.cc), and the path of a shared engine, whose commits are
+// made without the mutex and come back through its feed
+// (kv_store_shared.cc).
 #ifndef COHORT_STORE_KV_STORE_H_
 #define COHORT_STORE_KV_STORE_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -41,6 +44,8 @@
 #include "proto/c10d/rules.h"
 #include "store/kv_engine.h"
 #include "store/queue_keys.h"
+#include "store/wait_index.h"
+#include "store/watch_history.h"
 
 namespace cohort::store {
 
@@ -67,14 +72,6 @@ struct StoreLimits {
 
 // c10d's default timeout for blocking calls.
 inline constexpr absl::Duration kDefaultTimeout = absl::Seconds(300);
-
-struct ReadResult {
-  std::vector<std::string> values;  // Empty unless values were asked for.
-  int64_t revision = 0;
-  // WaitForKeysOrQueues: ended by a push, whose item the waiter's client is
-  // to pop (or pass on: KvStore::PassQueueWakes).
-  bool queue_wake = false;
-};
 
 struct AddResult {
   int64_t value = 0;
@@ -157,15 +154,6 @@ struct QueueStats {
   uint64_t bytes = 0;  // Of the items' values.
 };
 
-struct Event {
-  enum class Type { kPut, kDelete };
-  Type type = Type::kPut;
-  std::string key;
-  // Shared between the history and every watcher: one copy per change.
-  std::shared_ptr<const std::string> value;  // Null for kDelete.
-  int64_t revision = 0;
-};
-
 // A part of the keyspace bounded as one (a tenant's): every key under any
 // of `roots`. Roots of one share that lie under another of its roots are
 // dropped (their keys count once).
@@ -194,14 +182,14 @@ struct StoreStats {
 
 class KvStore {
  public:
-  using WaitId = uint64_t;
-  using WatchId = uint64_t;
-  using ReadCallback = std::function<void(absl::StatusOr<ReadResult>)>;
+  using WaitId = WaitIndex::WaitId;
+  using WatchId = WatchHistory::WatchId;
+  using ReadCallback = WaitIndex::ReadCallback;
   // Called with events in revision order, under the store's lock: it must
   // not block or call back into the store.
-  using EventsCallback = std::function<void(std::vector<Event>)>;
+  using EventsCallback = WatchHistory::EventsCallback;
   // Called once when the store ends a watch (Shutdown); not after CancelWatch.
-  using CloseCallback = std::function<void(absl::Status)>;
+  using CloseCallback = WatchHistory::CloseCallback;
 
   explicit KvStore(std::unique_ptr<KvEngine> engine, StoreLimits limits = {});
   // Shuts down (UNAVAILABLE) if Shutdown was not called.
@@ -302,11 +290,8 @@ class KvStore {
   void PassQueueWakes(absl::Span<const std::string> queues)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  struct WatchStart {
-    WatchId id = 0;
-    // The watch delivers every change with revision >= this.
-    int64_t start_revision = 0;
-  };
+  // The watch's id, and the revision from which it delivers every change.
+  using WatchStart = WatchHistory::WatchStart;
   // Delivers the retained changes to keys under `prefix` with revision >=
   // from_revision (0: only changes after now), then every later one. Fails
   // with OUT_OF_RANGE if from_revision is older than the retained history.
@@ -364,19 +349,16 @@ class KvStore {
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Waiter;
+  using Waiter = WaitIndex::Waiter;
   struct ShareState;
   // A queue's items in the engine, by sequence number: their value bytes.
   struct QueueIndex {
     std::map<int64_t, uint64_t> items;
   };
   class ShareTally;
-  struct Watcher {
-    std::string prefix;
-    int64_t start_revision = 0;
-    EventsCallback on_events;
-    CloseCallback on_close;
-  };
+  // PlanLocked's state: one batch's view of what it wrote, its queues
+  // and its shares' tally.
+  class BatchPlan;
   // Callbacks collected under the lock and run after it is released.
   using Deferred = std::vector<std::function<void()>>;
 
@@ -398,11 +380,13 @@ class KvStore {
   // and plan again when another writer got there first.
   std::vector<ChangeResult> ApplyBatchShared(absl::Span<const Change> changes)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // MultiSet on a shared engine: checked under the lock, committed
+  // without it.
+  absl::StatusOr<int64_t> MultiSetShared(std::vector<Mutation> mutations)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A shared engine's change, from its feed.
   void OnFeed(int64_t revision, std::vector<Mutation> mutations)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // A shared engine's replay of the changes before the load is over.
-  void FinishReplayLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until the view holds revision `target`: OK, or UNAVAILABLE after
   // `timeout` naming both revisions.
   absl::Status AwaitRevision(int64_t target, absl::Duration timeout)
@@ -420,6 +404,10 @@ class KvStore {
   absl::StatusOr<int64_t> CommitLocked(std::vector<Mutation> mutations,
                                        Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies `mutations` to the engine (its view, on a shared engine) at
+  // `revision`, and follows them in the shares' counts.
+  absl::Status ApplyLocked(absl::Span<const Mutation> mutations,
+                           int64_t revision) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeWaitersLocked(absl::string_view key, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes the oldest queue-counting wait on `queue` that its items now
@@ -436,9 +424,6 @@ class KvStore {
   // Whether `key` exists, or (with `queues`) its queue holds items.
   bool PresentLocked(absl::string_view key, bool queues) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Indexes `waiter` under `key`, which it misses.
-  void IndexWaiterLocked(absl::string_view key, const Waiter& waiter)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t QueueLengthLocked(absl::string_view queue) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Follows `mutations` in the queue index; the queue of each item pushed
@@ -448,14 +433,11 @@ class KvStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Builds the queue index from the engine's keys under kQueuePrefix.
   absl::Status LoadQueuesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Completes `waiter` if all its keys exist, else re-registers the missing
-  // ones. Returns whether it completed.
-  bool TryCompleteLocked(std::unique_ptr<Waiter>& waiter, Deferred& deferred)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UnindexWaiterLocked(const Waiter& waiter)
+  // Completes `waiter` if all its keys exist, else indexes it again under
+  // the missing ones. Returns whether it completed (WaitIndex::Complete).
+  bool TryCompleteLocked(Waiter& waiter, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnWaitTimeout(WaitId id) ABSL_LOCKS_EXCLUDED(mu_);
-  void TrimHistoryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK, or the refusal of the first of `mutations` (each seeing those
   // before it) that would take a share past a bound.
   absl::Status CheckSharesLocked(absl::Span<const Mutation> mutations)
@@ -469,23 +451,16 @@ class KvStore {
   absl::Mutex mu_;
   std::unique_ptr<KvEngine> engine_ ABSL_GUARDED_BY(mu_);
   // engine_ when it is shared (its commit and barrier calls are
-  // thread-safe and made without mu_); else null.
-  KvEngine* shared_ = nullptr;
+  // thread-safe and made without mu_); else null. Set by the constructor.
+  KvEngine* const shared_;
   int64_t revision_ ABSL_GUARDED_BY(mu_) = 0;
   // The newest revision at which a key was deleted: a waiter registered
   // before it re-checks its keys before completing.
   int64_t last_delete_revision_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status shutdown_ ABSL_GUARDED_BY(mu_);
 
-  WaitId next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<WaitId, std::unique_ptr<Waiter>> waiters_
-      ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, absl::flat_hash_set<WaitId>> waiters_by_key_
-      ABSL_GUARDED_BY(mu_);
-  // The queue-counting waits among those (WaitForKeysOrQueues), oldest
-  // first, by the key they miss. A std::map: waking one may index others.
-  std::map<std::string, std::set<WaitId>, std::less<>> queue_waiters_
-      ABSL_GUARDED_BY(mu_);
+  // The pending waits, by the keys they miss.
+  WaitIndex waits_ ABSL_GUARDED_BY(mu_);
 
   // The queues holding items, by name.
   absl::flat_hash_map<std::string, QueueIndex> queues_ ABSL_GUARDED_BY(mu_);
@@ -494,17 +469,8 @@ class KvStore {
   // Why the index could not be loaded at start (queue calls then fail).
   absl::Status queue_load_ ABSL_GUARDED_BY(mu_);
 
-  WatchId next_watch_id_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<WatchId, Watcher> watchers_ ABSL_GUARDED_BY(mu_);
-  std::deque<Event> history_ ABSL_GUARDED_BY(mu_);
-  size_t history_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // Changes at or below this revision are no longer in history_.
-  int64_t compacted_revision_ ABSL_GUARDED_BY(mu_) = 0;
-  // A shared engine replays changes from before the store loaded, for the
-  // history only: the first one replayed (0: none yet). compacted_revision_
-  // moves down to it once the replay has reached the loaded revision.
-  int64_t replayed_from_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t loaded_revision_ ABSL_GUARDED_BY(mu_) = 0;
+  // The open watches, and the changes kept for them to resume from.
+  WatchHistory history_ ABSL_GUARDED_BY(mu_);
   // The shares, in SetShares' order. The vector is replaced, never
   // changed in place, so a scan keeps its ShareState across slices.
   std::vector<std::shared_ptr<ShareState>> shares_ ABSL_GUARDED_BY(mu_);

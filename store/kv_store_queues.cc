@@ -1,7 +1,7 @@
 // KvStore's TCPStore queues (kv_store.h, queue_keys.h): the public calls,
 // and the index of items kept in memory. Waking one wait per push belongs
-// to the wait index, and planning pushes and pops within a batch to
-// ApplyBatch, like every other change: both are in kv_store.cc.
+// to the wait index (wait_index.h), and planning pushes and pops within a
+// batch to ApplyBatch, like every other change (kv_store.cc).
 #include <algorithm>
 #include <optional>
 #include <string>

@@ -1,4 +1,4 @@
-"""cc_grpc_proto: one .proto -> a cc_library with its messages and gRPC stubs.
+"""cc_grpc_proto: one .proto -> cc_libraries of its messages and its gRPC stubs.
 
 Debian's Bazel has no rules_proto, so this runs the system protoc and
 grpc_cpp_plugin from a genrule. Use it from //proto: the proto path root is
@@ -23,11 +23,21 @@ def cc_grpc_proto(name, src, deps = [], visibility = None):
         ]),
     )
     native.filegroup(name = name + "_src", srcs = [src], visibility = visibility)
+    # The messages alone, for code that must not know gRPC exists
+    # (server/coordination); then the stubs over them.
+    native.cc_library(
+        name = name + "_messages",
+        srcs = [base + ".pb.cc"],
+        hdrs = [base + ".pb.h"],
+        includes = ["."],
+        deps = [d + "_messages" for d in deps] + ["//third_party:protobuf"],
+        visibility = visibility,
+    )
     native.cc_library(
         name = name,
-        srcs = [base + ".pb.cc", base + ".grpc.pb.cc"],
-        hdrs = [base + ".pb.h", base + ".grpc.pb.h"],
+        srcs = [base + ".grpc.pb.cc"],
+        hdrs = [base + ".grpc.pb.h"],
         includes = ["."],
-        deps = deps + ["//third_party:grpc", "//third_party:protobuf"],
+        deps = deps + [name + "_messages", "//third_party:grpc", "//third_party:protobuf"],
         visibility = visibility,
     )

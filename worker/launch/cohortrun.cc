@@ -20,6 +20,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/net.h"
 #include "base/signals.h"
 #include "client/auth_client.h"
 #include "client/info_client.h"
@@ -91,32 +92,37 @@ class WorkerToken {
     if (!client.ok()) return client.status();
     auto me = (*client)->WhoAmI();
     if (!me.ok()) {
-      return absl::Status(me.status().code(),
-                          absl::StrCat("checking this job's token with cohortd "
-                                       "at ", connection.address, ": ",
-                                       me.status().message()));
+      return absl::Status(
+          me.status().code(),
+          absl::StrCat("checking this job's token with cohortd "
+                       "at ",
+                       connection.address, ": ", me.status().message()));
     }
     const std::string prefix = absl::StrCat(run_id, "/");
     if (me->prefix() != "*" && !absl::StartsWith(prefix, me->prefix())) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "the token grants prefix '", me->prefix(), "', which does not "
-          "cover run '", run_id, "': name the run inside it (run ids have no "
-          "'/'), e.g. --run-id=",
-          absl::EndsWith(me->prefix(), "/")
-              ? me->prefix().substr(0, me->prefix().size() - 1)
-              : absl::StrCat(me->prefix(), run_id)));
+      return absl::PermissionDeniedError(
+          absl::StrCat("the token grants prefix '", me->prefix(),
+                       "', which does not "
+                       "cover run '",
+                       run_id,
+                       "': name the run inside it (run ids have no "
+                       "'/'), e.g. --run-id=",
+                       absl::EndsWith(me->prefix(), "/")
+                           ? me->prefix().substr(0, me->prefix().size() - 1)
+                           : absl::StrCat(me->prefix(), run_id)));
     }
     char host[256] = "";
     gethostname(host, sizeof(host) - 1);
-    auto issued = (*client)->Issue(
-        "rw", prefix, ttl,
-        absl::StrCat("workers of run ", run_id, " on ", host, " (cohortrun ",
-                     getpid(), ")"));
+    auto issued =
+        (*client)->Issue("rw", prefix, ttl,
+                         absl::StrCat("workers of run ", run_id, " on ", host,
+                                      " (cohortrun ", getpid(), ")"));
     if (!issued.ok()) {
       return absl::Status(
           issued.status().code(),
-          absl::StrCat("minting the workers' token: ", issued.status().message(),
-                       " (cohortrun needs a rw or admin token)"));
+          absl::StrCat(
+              "minting the workers' token: ", issued.status().message(),
+              " (cohortrun needs a rw or admin token)"));
     }
     return std::unique_ptr<WorkerToken>(
         new WorkerToken(*std::move(client), issued->token(), issued->id()));
@@ -227,6 +233,188 @@ std::vector<std::string> DashesToUnderscores(int argc, char** argv) {
   return args;
 }
 
+// Where the flags and the environment say cohortd's TCPStore listener is.
+struct TcpStoreGiven {
+  std::string flag;  // --tcpstore
+  std::string env;   // $COHORT_TCPSTORE
+};
+
+TcpStoreGiven TcpStoreFromFlags() {
+  const char* env = std::getenv("COHORT_TCPSTORE");
+  return {absl::GetFlag(FLAGS_tcpstore), env != nullptr ? env : ""};
+}
+
+// The launcher's options from the flags, the program being what follows
+// "--" in `positional`. A usage problem (exit 2) for one missing or wrong.
+absl::StatusOr<cohort::LauncherOptions> LauncherFromFlags(
+    const std::vector<char*>& positional, const TcpStoreGiven& tcpstore) {
+  cohort::LauncherOptions options;
+  options.command.assign(positional.begin() + 1, positional.end());
+  auto usage = [](absl::string_view problem) {
+    return absl::InvalidArgumentError(problem);
+  };
+  if (options.command.empty()) return usage("no program given after --");
+  options.run_id = absl::GetFlag(FLAGS_run_id);
+  if (options.run_id.empty()) return usage("--run-id is required");
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (options.coordinator.empty()) {
+    const char* env = std::getenv("COHORT_ADDR");
+    options.coordinator =
+        env != nullptr && *env != '\0' ? env : cohort::kDefaultAddress;
+  }
+  if (auto split = cohort::base::SplitHostPort(options.coordinator);
+      !split.ok()) {
+    return usage(absl::StrCat("--coordinator: ", split.status().message()));
+  }
+  for (const auto& [name, given] :
+       {std::pair{"--tcpstore", tcpstore.flag},
+        std::pair{"$COHORT_TCPSTORE", tcpstore.env}}) {
+    if (given.empty()) continue;
+    if (auto split = cohort::base::SplitHostPort(given); !split.ok()) {
+      return usage(absl::StrCat(name, ": ", split.status().message()));
+    }
+  }
+  auto nodes = cohort::ParseNodeRange(absl::GetFlag(FLAGS_nnodes));
+  if (!nodes.ok()) {
+    return usage(absl::StrCat("--nnodes: ", nodes.status().message()));
+  }
+  options.min_nodes = nodes->first;
+  options.max_nodes = nodes->second;
+  options.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  if (options.nproc_per_node < 1) return usage("--nproc-per-node must be >= 1");
+  options.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (options.max_restarts < 0) return usage("--max-restarts must be >= 0");
+  options.tee = absl::GetFlag(FLAGS_tee);
+  options.node_id = absl::GetFlag(FLAGS_node_id);
+  options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  options.stop_grace = absl::GetFlag(FLAGS_stop_grace);
+  options.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  options.last_call_timeout = absl::GetFlag(FLAGS_last_call_timeout);
+  options.exit_barrier_timeout = absl::GetFlag(FLAGS_exit_barrier_timeout);
+  return options;
+}
+
+// How cohortrun reaches cohortd: the flags, then the environment's
+// credentials. The workers get the same TLS files, as absolute paths, in
+// options.worker_env. A usage problem (exit 2) for a bad token file or
+// credentials.
+absl::StatusOr<cohort::ConnectionOptions> ConnectionFromFlags(
+    cohort::LauncherOptions& options) {
+  cohort::ConnectionOptions connection;
+  connection.address = options.coordinator;
+  // Ride out a cohortd replica's failover (a few seconds) on calls that
+  // are safe to repeat, such as joining the rendezvous.
+  connection.max_attempts = 40;
+  connection.max_backoff = absl::Seconds(1);
+  connection.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  connection.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  connection.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  if (const std::string file = absl::GetFlag(FLAGS_token_file); !file.empty()) {
+    absl::StatusOr<std::string> token =
+        cohort::ReadTokenFile(file, "--token-file");
+    if (!token.ok()) return token.status();
+    connection.token = *std::move(token);
+  }
+  auto credentials = cohort::WithEnvironmentCredentials(connection);
+  if (!credentials.ok()) return credentials.status();
+  connection = *std::move(credentials);
+  // Workers reach cohortd as cohortrun does, but with their own token.
+  for (auto [name, file] :
+       {std::pair{"COHORT_TLS_CA", connection.tls_ca_file},
+        std::pair{"COHORT_TLS_CERT", connection.tls_cert_file},
+        std::pair{"COHORT_TLS_KEY", connection.tls_key_file},
+        std::pair{"COHORT_TLS_SERVER_NAME", connection.tls_server_name}}) {
+    if (file.empty()) continue;
+    std::error_code ec;
+    std::filesystem::path absolute = std::filesystem::absolute(file, ec);
+    options.worker_env.emplace_back(name, ec ? file : absolute.string());
+  }
+  return connection;
+}
+
+// With a token of cohortrun's own, mints the workers' and puts it in their
+// environment (and the node proxy's hellos); null without one.
+absl::StatusOr<std::unique_ptr<WorkerToken>> GiveWorkersAToken(
+    const cohort::ConnectionOptions& connection,
+    cohort::LauncherOptions& options) {
+  if (connection.token.empty()) return nullptr;
+  auto minted = WorkerToken::Mint(connection, options.run_id,
+                                  absl::GetFlag(FLAGS_worker_token_ttl));
+  if (!minted.ok()) return minted.status();
+  options.worker_env.emplace_back("COHORT_TOKEN", (*minted)->token());
+  options.store_token = (*minted)->token();
+  options.worker_env.emplace_back("COHORT_TOKEN_FILE", "");
+  return minted;
+}
+
+// Where the workers' torch stores go, checked before any worker starts: a
+// wrong address fails here, in seconds, saying why. Sets options.tcpstore,
+// or options.no_torch_store when cohortd serves no TCPStore listener.
+absl::Status SetUpTorchStore(const cohort::ConnectionOptions& connection,
+                             const TcpStoreGiven& tcpstore,
+                             cohort::LauncherOptions& options) {
+  auto info_client = cohort::InfoClient::Connect(connection);
+  absl::StatusOr<cohort::v1::ServerInfo> info =
+      info_client.ok()
+          ? (*info_client)->GetServerInfo()
+          : absl::StatusOr<cohort::v1::ServerInfo>(info_client.status());
+  absl::StatusOr<cohort::TorchStoreLocation> torch_store =
+      cohort::LocateTorchStore(tcpstore.flag, tcpstore.env, options.coordinator,
+                               info);
+  if (!torch_store.ok()) return torch_store.status();
+  if (torch_store->address.empty()) {
+    std::fprintf(stderr,
+                 "cohortrun: the workers get no torch store (no MASTER_ADDR, "
+                 "MASTER_PORT): %s. torch.distributed's env:// cannot "
+                 "bootstrap; give cohortd --tcpstore_listen=HOST:PORT for "
+                 "PyTorch jobs\n",
+                 torch_store->source.c_str());
+    options.no_torch_store = true;
+    return absl::OkStatus();
+  }
+  auto grpc_store = cohort::RemoteStore::Connect(connection);
+  absl::StatusOr<std::string> checked =
+      grpc_store.ok()
+          ? cohort::CheckTorchStore(
+                **grpc_store, *torch_store,
+                {.run_id = options.run_id,
+                 .token = options.store_token,
+                 .timeout = absl::GetFlag(FLAGS_tcpstore_check_timeout)})
+          : absl::StatusOr<std::string>(grpc_store.status());
+  if (!checked.ok()) return checked.status();
+  std::fprintf(stderr, "cohortrun: %s\n", checked->c_str());
+  options.tcpstore = torch_store->address;
+  return absl::OkStatus();
+}
+
+// Runs the job on this node, stop signals forwarded to the launcher; the
+// exit status. 1 when cohortd cannot be reached.
+int RunLauncher(const cohort::ConnectionOptions& connection,
+                cohort::LauncherOptions options, SignalThread& signals) {
+  auto rendezvous = cohort::RendezvousClient::Connect(connection);
+  auto membership = cohort::MembershipClient::Connect(connection);
+  for (const absl::Status& status :
+       {rendezvous.status(), membership.status()}) {
+    if (!status.ok()) {
+      std::fprintf(stderr, "cohortrun: cannot reach cohortd at %s: %s\n",
+                   options.coordinator.c_str(), status.ToString().c_str());
+      return 1;
+    }
+  }
+  cohort::Launcher launcher(std::move(options), *std::move(rendezvous),
+                            *std::move(membership));
+  signals.Forward(&launcher);
+  const int status = launcher.Run();
+  signals.Stop();  // Before `launcher` goes.
+  return status;
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "cohortrun: %s\n",
+               std::string(status.message()).c_str());
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -240,156 +428,28 @@ int main(int argc, char** argv) {
   std::vector<std::string> args = DashesToUnderscores(argc, argv);
   std::vector<char*> arg_ptrs;
   for (std::string& arg : args) arg_ptrs.push_back(arg.data());
-  std::vector<char*> positional =
+  const std::vector<char*> positional =
       absl::ParseCommandLine(arg_ptrs.size(), arg_ptrs.data());
 
-  cohort::LauncherOptions options;
-  options.command.assign(positional.begin() + 1, positional.end());
-  if (options.command.empty()) return Usage("no program given after --");
-  options.run_id = absl::GetFlag(FLAGS_run_id);
-  if (options.run_id.empty()) return Usage("--run-id is required");
-  options.coordinator = absl::GetFlag(FLAGS_coordinator);
-  if (options.coordinator.empty()) {
-    const char* env = std::getenv("COHORT_ADDR");
-    options.coordinator =
-        env != nullptr && *env != '\0' ? env : cohort::kDefaultAddress;
-  }
-  if (auto split = cohort::SplitHostPort(options.coordinator); !split.ok()) {
-    return Usage(absl::StrCat("--coordinator: ", split.status().message()));
-  }
-  const std::string tcpstore_flag = absl::GetFlag(FLAGS_tcpstore);
-  const char* tcpstore_env_var = std::getenv("COHORT_TCPSTORE");
-  const std::string tcpstore_env =
-      tcpstore_env_var != nullptr ? tcpstore_env_var : "";
-  for (const auto& [name, given] :
-       {std::pair{"--tcpstore", tcpstore_flag},
-        std::pair{"$COHORT_TCPSTORE", tcpstore_env}}) {
-    if (given.empty()) continue;
-    if (auto split = cohort::SplitHostPort(given); !split.ok()) {
-      return Usage(absl::StrCat(name, ": ", split.status().message()));
-    }
-  }
-  auto nodes = cohort::ParseNodeRange(absl::GetFlag(FLAGS_nnodes));
-  if (!nodes.ok()) {
-    return Usage(absl::StrCat("--nnodes: ", nodes.status().message()));
-  }
-  options.min_nodes = nodes->first;
-  options.max_nodes = nodes->second;
-  options.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
-  if (options.nproc_per_node < 1) return Usage("--nproc-per-node must be >= 1");
-  options.max_restarts = absl::GetFlag(FLAGS_max_restarts);
-  if (options.max_restarts < 0) return Usage("--max-restarts must be >= 0");
-  options.tee = absl::GetFlag(FLAGS_tee);
-  options.node_id = absl::GetFlag(FLAGS_node_id);
-  options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
-  options.stop_grace = absl::GetFlag(FLAGS_stop_grace);
-  options.join_timeout = absl::GetFlag(FLAGS_join_timeout);
-  options.last_call_timeout = absl::GetFlag(FLAGS_last_call_timeout);
-  options.exit_barrier_timeout = absl::GetFlag(FLAGS_exit_barrier_timeout);
-
-  cohort::ConnectionOptions connection;
-  connection.address = options.coordinator;
-  // Ride out a cohortd replica's failover (a few seconds) on calls that
-  // are safe to repeat, such as joining the rendezvous.
-  connection.max_attempts = 40;
-  connection.max_backoff = absl::Seconds(1);
-  connection.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
-  connection.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
-  connection.tls_key_file = absl::GetFlag(FLAGS_tls_key);
-  if (const std::string file = absl::GetFlag(FLAGS_token_file);
-      !file.empty()) {
-    absl::StatusOr<std::string> token =
-        cohort::ReadTokenFile(file, "--token-file");
-    if (!token.ok()) return Usage(std::string(token.status().message()));
-    connection.token = *std::move(token);
-  }
-  auto credentials = cohort::WithEnvironmentCredentials(connection);
-  if (!credentials.ok()) return Usage(std::string(credentials.status().message()));
-  connection = *std::move(credentials);
-  // Workers reach cohortd as cohortrun does, but with their own token.
-  for (auto [name, file] :
-       {std::pair{"COHORT_TLS_CA", connection.tls_ca_file},
-        std::pair{"COHORT_TLS_CERT", connection.tls_cert_file},
-        std::pair{"COHORT_TLS_KEY", connection.tls_key_file},
-        std::pair{"COHORT_TLS_SERVER_NAME", connection.tls_server_name}}) {
-    if (file.empty()) continue;
-    std::error_code ec;
-    std::filesystem::path absolute = std::filesystem::absolute(file, ec);
-    options.worker_env.emplace_back(name, ec ? file : absolute.string());
+  const TcpStoreGiven tcpstore = TcpStoreFromFlags();
+  absl::StatusOr<cohort::LauncherOptions> options =
+      LauncherFromFlags(positional, tcpstore);
+  if (!options.ok()) return Usage(std::string(options.status().message()));
+  absl::StatusOr<cohort::ConnectionOptions> connection =
+      ConnectionFromFlags(*options);
+  if (!connection.ok()) {
+    return Usage(std::string(connection.status().message()));
   }
   // From the first call to cohortd on, a stop signal ends cohortrun.
   SignalThread signals(stop_signals);
-  std::unique_ptr<WorkerToken> worker_token;
-  if (!connection.token.empty()) {
-    auto minted = WorkerToken::Mint(connection, options.run_id,
-                                    absl::GetFlag(FLAGS_worker_token_ttl));
-    if (!minted.ok()) {
-      std::fprintf(stderr, "cohortrun: %s\n",
-                   std::string(minted.status().message()).c_str());
-      return 1;
-    }
-    worker_token = *std::move(minted);
-    options.worker_env.emplace_back("COHORT_TOKEN", worker_token->token());
-    options.store_token = worker_token->token();
-    options.worker_env.emplace_back("COHORT_TOKEN_FILE", "");
+  absl::StatusOr<std::unique_ptr<WorkerToken>> worker_token =
+      GiveWorkersAToken(*connection, *options);
+  if (!worker_token.ok()) return Fail(worker_token.status());
+  if (absl::Status s = SetUpTorchStore(*connection, tcpstore, *options);
+      !s.ok()) {
+    return Fail(s);
   }
-  // Where the workers' torch stores go, checked before any worker starts:
-  // a wrong address fails here, in seconds, saying why.
-  auto info_client = cohort::InfoClient::Connect(connection);
-  absl::StatusOr<cohort::v1::ServerInfo> info =
-      info_client.ok()
-          ? (*info_client)->GetServerInfo()
-          : absl::StatusOr<cohort::v1::ServerInfo>(info_client.status());
-  absl::StatusOr<cohort::TorchStoreLocation> torch_store =
-      cohort::LocateTorchStore(tcpstore_flag, tcpstore_env, options.coordinator,
-                               info);
-  if (!torch_store.ok()) {
-    std::fprintf(stderr, "cohortrun: %s\n",
-                 std::string(torch_store.status().message()).c_str());
-    return 1;
-  }
-  if (torch_store->address.empty()) {
-    std::fprintf(stderr,
-                 "cohortrun: the workers get no torch store (no MASTER_ADDR, "
-                 "MASTER_PORT): %s. torch.distributed's env:// cannot "
-                 "bootstrap; give cohortd --tcpstore_listen=HOST:PORT for "
-                 "PyTorch jobs\n",
-                 torch_store->source.c_str());
-    options.no_torch_store = true;
-  } else {
-    auto grpc_store = cohort::RemoteStore::Connect(connection);
-    absl::StatusOr<std::string> checked =
-        grpc_store.ok()
-            ? cohort::CheckTorchStore(
-                  **grpc_store, *torch_store,
-                  {.run_id = options.run_id,
-                   .token = options.store_token,
-                   .timeout = absl::GetFlag(FLAGS_tcpstore_check_timeout)})
-            : absl::StatusOr<std::string>(grpc_store.status());
-    if (!checked.ok()) {
-      std::fprintf(stderr, "cohortrun: %s\n",
-                   std::string(checked.status().message()).c_str());
-      return 1;
-    }
-    std::fprintf(stderr, "cohortrun: %s\n", checked->c_str());
-    options.tcpstore = torch_store->address;
-  }
-  auto rendezvous = cohort::RendezvousClient::Connect(connection);
-  auto membership = cohort::MembershipClient::Connect(connection);
-  for (const absl::Status& status :
-       {rendezvous.status(), membership.status()}) {
-    if (!status.ok()) {
-      std::fprintf(stderr, "cohortrun: cannot reach cohortd at %s: %s\n",
-                   options.coordinator.c_str(), status.ToString().c_str());
-      return 1;
-    }
-  }
-  cohort::Launcher launcher(std::move(options), *std::move(rendezvous),
-                            *std::move(membership));
-
-  signals.Forward(&launcher);
-  int status = launcher.Run();
-  signals.Stop();
-  worker_token.reset();  // Revokes it.
+  const int status = RunLauncher(*connection, *std::move(options), signals);
+  worker_token->reset();  // Revokes it.
   return status;
 }

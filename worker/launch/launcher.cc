@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/net.h"
 #include "base/text.h"
 
 extern char** environ;
@@ -68,29 +69,10 @@ bool InEnvironment(const char* name) { return std::getenv(name) != nullptr; }
 
 }  // namespace
 
-absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(
-    const std::string& address) {
-  size_t colon = address.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 1 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("\"", address, "\" is not HOST:PORT"));
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return std::make_pair(host, address.substr(colon + 1));
-}
-
 std::string DefaultTcpStore(const std::string& coordinator) {
-  absl::StatusOr<std::pair<std::string, std::string>> split =
-      SplitHostPort(coordinator);
-  std::string host = split.ok() ? split->first : "localhost";
-  if (absl::StrContains(host, ':')) host = absl::StrCat("[", host, "]");
-  return absl::StrCat(host, ":", kDefaultTcpStorePort);
+  absl::StatusOr<base::HostPort> split = base::SplitHostPort(coordinator);
+  return base::JoinHostPort(split.ok() ? split->host : "localhost",
+                            kDefaultTcpStorePort);
 }
 
 std::string StoreNamespace(const std::string& run_id, int64_t round) {

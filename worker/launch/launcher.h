@@ -36,8 +36,8 @@
 #include "absl/time/time.h"
 #include "client/membership_client.h"
 #include "client/rendezvous_client.h"
-#include "client/tcpstore_proxy.h"
 #include "worker/launch/local_workers.h"
+#include "worker/launch/tcpstore_proxy.h"
 
 namespace cohort {
 
@@ -101,11 +101,6 @@ struct LauncherOptions {
   int stdout_fd = STDOUT_FILENO;
   int stderr_fd = STDERR_FILENO;
 };
-
-// "host:1234" -> {"host", "1234"}; "[::1]:1234" -> {"::1", "1234"}.
-// INVALID_ARGUMENT without a port.
-absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(
-    const std::string& address);
 
 // The coordinator's host with kDefaultTcpStorePort: "cohortd:29500" ->
 // "cohortd:29400", "[::1]:29500" -> "[::1]:29400".

@@ -578,17 +578,6 @@ TEST_F(LauncherTest, AProgramThatCannotRunIsFatal) {
               HasSubstr("node-a cannot start workers: /no/such/program"));
 }
 
-TEST(SplitHostPortTest, SplitsAtTheLastColon) {
-  EXPECT_EQ(*SplitHostPort("localhost:29500"),
-            std::make_pair(std::string("localhost"), std::string("29500")));
-  EXPECT_EQ(*SplitHostPort("[::1]:80"),
-            std::make_pair(std::string("::1"), std::string("80")));
-  EXPECT_FALSE(SplitHostPort("localhost").ok());
-  EXPECT_FALSE(SplitHostPort(":29500").ok());
-  EXPECT_FALSE(SplitHostPort("host:0").ok());
-  EXPECT_FALSE(SplitHostPort("host:http").ok());
-}
-
 TEST(ParseNodeRangeTest, AcceptsNAndMinMax) {
   EXPECT_EQ(*ParseNodeRange("3"), std::make_pair(3, 3));
   EXPECT_EQ(*ParseNodeRange("2:4"), std::make_pair(2, 4));

@@ -44,6 +44,66 @@ void ClosePair(int fds[2]) {
   }
 }
 
+// The child's stdout and stderr pipes (when `tee`) and the pipe its exec
+// errno comes back through, all close-on-exec; none left open on error.
+absl::Status OpenPipes(bool tee, int out_pipe[2], int err_pipe[2],
+                       int exec_errno_pipe[2]) {
+  if ((tee &&
+       (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0)) ||
+      pipe2(exec_errno_pipe, O_CLOEXEC) != 0) {
+    int error = errno;
+    ClosePair(out_pipe);
+    ClosePair(err_pipe);
+    ClosePair(exec_errno_pipe);
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(error)));
+  }
+  return absl::OkStatus();
+}
+
+// What a forked child needs to exec a worker, all prepared before fork.
+struct ChildExec {
+  const char* path;
+  char* const* argv;
+  char* const* envp;
+  pid_t parent;
+  int out;         // Becomes its stdout.
+  int err;         // Becomes its stderr.
+  int exec_errno;  // Where errno goes if exec fails.
+  const sigset_t* no_signals;
+  const struct sigaction* default_action;
+};
+
+// In the child between fork and exec: only async-signal-safe calls (the
+// parent has threads: gRPC's, the forwarders'), so no allocation.
+[[noreturn]] void ExecChild(const ChildExec& c) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != c.parent) _exit(127);  // cohortrun died before prctl.
+  if (c.out != STDOUT_FILENO) dup2(c.out, STDOUT_FILENO);
+  if (c.err != STDERR_FILENO) dup2(c.err, STDERR_FILENO);
+  // cohortrun blocks its stop signals and ignores SIGPIPE; both would be
+  // inherited across exec.
+  sigaction(SIGPIPE, c.default_action, nullptr);
+  sigprocmask(SIG_SETMASK, c.no_signals, nullptr);
+  execve(c.path, c.argv, c.envp);
+  int error = errno;
+  (void)!write(c.exec_errno, &error, sizeof(error));
+  _exit(127);
+}
+
+// The child's exec errno from the pipe it writes it to, 0 when exec
+// succeeded (the pipe closed on exec, CLOEXEC, with nothing to read).
+// Closes `fd`.
+int ReadExecErrno(int fd) {
+  int exec_errno = 0;
+  ssize_t n;
+  do {
+    n = read(fd, &exec_errno, sizeof(exec_errno));
+  } while (n < 0 && errno == EINTR);
+  close(fd);
+  return n == sizeof(exec_errno) ? exec_errno : 0;
+}
+
 }  // namespace
 
 bool WorkerExit::ok() const {
@@ -225,14 +285,10 @@ absl::Status LocalWorkers::Spawn(const std::string& path, Worker& worker) {
   int out_pipe[2] = {-1, -1};
   int err_pipe[2] = {-1, -1};
   int exec_errno_pipe[2] = {-1, -1};
-  if ((options_.tee &&
-       (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0)) ||
-      pipe2(exec_errno_pipe, O_CLOEXEC) != 0) {
-    int error = errno;
-    ClosePair(out_pipe);
-    ClosePair(err_pipe);
-    ClosePair(exec_errno_pipe);
-    return absl::InternalError(absl::StrCat("pipe: ", strerror(error)));
+  if (absl::Status s =
+          OpenPipes(options_.tee, out_pipe, err_pipe, exec_errno_pipe);
+      !s.ok()) {
+    return s;
   }
   const int child_out = options_.tee ? out_pipe[1] : options_.stdout_fd;
   const int child_err = options_.tee ? err_pipe[1] : options_.stderr_fd;
@@ -244,19 +300,15 @@ absl::Status LocalWorkers::Spawn(const std::string& path, Worker& worker) {
 
   pid_t pid = fork();
   if (pid == 0) {
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);  // cohortrun died before prctl.
-    if (child_out != STDOUT_FILENO) dup2(child_out, STDOUT_FILENO);
-    if (child_err != STDERR_FILENO) dup2(child_err, STDERR_FILENO);
-    // cohortrun blocks its stop signals and ignores SIGPIPE; both would be
-    // inherited across exec.
-    sigaction(SIGPIPE, &default_action, nullptr);
-    sigprocmask(SIG_SETMASK, &no_signals, nullptr);
-    execve(path.c_str(), argv.data(), envp.data());
-    int error = errno;
-    (void)!write(exec_errno_pipe[1], &error, sizeof(error));
-    _exit(127);
+    ExecChild({.path = path.c_str(),
+               .argv = argv.data(),
+               .envp = envp.data(),
+               .parent = parent,
+               .out = child_out,
+               .err = child_err,
+               .exec_errno = exec_errno_pipe[1],
+               .no_signals = &no_signals,
+               .default_action = &default_action});
   }
   int fork_errno = errno;
   close(exec_errno_pipe[1]);
@@ -284,15 +336,8 @@ absl::Status LocalWorkers::Spawn(const std::string& path, Worker& worker) {
     forwarders_.push_back(std::make_unique<LineForwarder>(
         err_pipe[0], options_.stderr_fd, prefix));
   }
-  // Closed on a successful exec (CLOEXEC): nothing to read. Otherwise the
-  // child's errno.
-  int exec_errno = 0;
-  ssize_t n;
-  do {
-    n = read(exec_errno_pipe[0], &exec_errno, sizeof(exec_errno));
-  } while (n < 0 && errno == EINTR);
-  close(exec_errno_pipe[0]);
-  if (n == sizeof(exec_errno)) {
+  const int exec_errno = ReadExecErrno(exec_errno_pipe[0]);
+  if (exec_errno != 0) {
     Reap(worker, /*block=*/true);
     worker.returned = true;
     return absl::FailedPreconditionError(

@@ -1,4 +1,4 @@
-#include "base/grpc_status.h"
+#include "proto/rpc/grpc_status.h"
 
 #include <string>
 

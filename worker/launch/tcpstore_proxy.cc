@@ -1,10 +1,8 @@
-#include "client/tcpstore_proxy.h"
+#include "worker/launch/tcpstore_proxy.h"
 
 #include <errno.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -21,11 +19,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/log_limiter.h"
+#include "base/net.h"
 #include "proto/tcpstore/wire.h"
 
 namespace cohort {
@@ -44,54 +42,20 @@ constexpr int kAcceptBurst = 64;
 constexpr uint64_t kListenerTag = 0;
 constexpr uint64_t kWakeTag = 1;
 
-struct Address {
-  sockaddr_storage addr = {};
-  socklen_t len = 0;
-};
-
-// "host:port" (or "[v6]:port") -> getaddrinfo's results, in its order.
-absl::StatusOr<std::vector<Address>> Resolve(const std::string& address,
-                                             bool passive) {
-  const size_t colon = address.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
-      port > 65535 || (!passive && port == 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("\"", address, "\" is not HOST:PORT"));
+// cohortd's TCPStore listener: "host:port" (or "[v6]:port") ->
+// getaddrinfo's results, in its order.
+absl::StatusOr<std::vector<base::SocketAddress>> ResolveUpstream(
+    const std::string& address) {
+  absl::StatusOr<base::HostPort> where =
+      base::SplitHostPort(address, {.allow_empty_host = true});
+  if (!where.ok()) return where.status();
+  absl::StatusOr<std::vector<base::SocketAddress>> found =
+      base::Resolve(*where);
+  if (!found.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot resolve \"", where->host, "\": ", found.status().message()));
   }
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  addrinfo hints = {};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = passive ? AI_PASSIVE : 0;
-  addrinfo* found = nullptr;
-  const std::string service = absl::StrCat(port);
-  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(),
-                           service.c_str(), &hints, &found);
-      rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot resolve \"", host, "\": ", gai_strerror(rc)));
-  }
-  std::vector<Address> out;
-  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
-    Address a;
-    std::memcpy(&a.addr, ai->ai_addr, ai->ai_addrlen);
-    a.len = ai->ai_addrlen;
-    out.push_back(a);
-  }
-  freeaddrinfo(found);
-  return out;
-}
-
-int Port(const sockaddr_storage& addr) {
-  if (addr.ss_family == AF_INET6) {
-    return ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
-  }
-  return ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+  return found;
 }
 
 void NoDelay(int fd) {
@@ -103,7 +67,7 @@ void NoDelay(int fd) {
 
 class TcpStoreProxy::Loop {
  public:
-  Loop(TcpStoreProxyOptions options, std::vector<Address> upstream,
+  Loop(TcpStoreProxyOptions options, std::vector<base::SocketAddress> upstream,
        int listen_fd)
       : options_(std::move(options)),
         upstream_(std::move(upstream)),
@@ -215,17 +179,13 @@ class TcpStoreProxy::Loop {
   // sleeping thread.
   void Run() {
     std::vector<epoll_event> events(256);
-    const int64_t spin_ns =
-        absl::ToInt64Nanoseconds(options_.spin_after_activity);
-    int64_t last_activity_ns = 0;
+    base::PollThenSleep policy(options_.spin_after_activity);
     while (!stop_) {
-      const bool spin =
-          spin_ns > 0 &&
-          absl::GetCurrentTimeNanos() - last_activity_ns < spin_ns;
+      const bool spin = policy.Polling(absl::GetCurrentTimeNanos());
       const int n = epoll_wait(epoll_fd_, events.data(), events.size(),
                                spin ? 0 : MillisToNextTimer());
       if (n == 0 && spin) {
-        sched_yield();
+        base::PollThenSleep::Yield();
         RunTimers();
         continue;
       }
@@ -246,7 +206,7 @@ class TcpStoreProxy::Loop {
           ApplyNamespace();
         } else if (auto it = pairs_.find(tag >> 1); it != pairs_.end()) {
           OnEvent(*it->second, static_cast<Which>(tag & 1), events[i].events);
-          last_activity_ns = absl::GetCurrentTimeNanos();
+          policy.Active(absl::GetCurrentTimeNanos());
         }
       }
       RunTimers();
@@ -331,15 +291,14 @@ class TcpStoreProxy::Loop {
   // none accepts at once or is in progress.
   void Connect(Pair& p) {
     for (; p.address < upstream_.size(); ++p.address) {
-      const Address& a = upstream_[p.address];
-      const int fd = socket(a.addr.ss_family,
-                            SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      const base::SocketAddress& a = upstream_[p.address];
+      const int fd =
+          socket(a.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
       if (fd < 0) {
         p.error = std::strerror(errno);
         continue;
       }
-      if (connect(fd, reinterpret_cast<const sockaddr*>(&a.addr), a.len) == 0 ||
-          errno == EINPROGRESS) {
+      if (connect(fd, a.get(), a.size) == 0 || errno == EINPROGRESS) {
         p.side[kUp].fd = fd;
         Update(p);  // Watches for writability: the connect's outcome.
         return;
@@ -388,13 +347,7 @@ class TcpStoreProxy::Loop {
   int MillisToNextTimer() const {
     absl::Time next = absl::InfiniteFuture();
     if (!timers_.empty()) next = timers_.begin()->first;
-    next = std::min(next, accept_paused_until_);
-    if (next == absl::InfiniteFuture()) return -1;
-    const absl::Duration left = next - absl::Now();
-    if (left <= absl::ZeroDuration()) return 0;
-    return static_cast<int>(std::min<int64_t>(
-        absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
-        1 << 30));
+    return base::PollTimeoutMillis(std::min(next, accept_paused_until_));
   }
 
   void RunTimers() {
@@ -544,7 +497,7 @@ class TcpStoreProxy::Loop {
   }
 
   const TcpStoreProxyOptions options_;
-  const std::vector<Address> upstream_;
+  const std::vector<base::SocketAddress> upstream_;
   const int listen_fd_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
@@ -578,48 +531,26 @@ absl::StatusOr<std::unique_ptr<TcpStoreProxy>> TcpStoreProxy::Start(
   if (absl::Status s = tcpstore::CheckNamespace(options.name_space); !s.ok()) {
     return s;
   }
-  absl::StatusOr<std::vector<Address>> upstream =
-      Resolve(options.upstream, /*passive=*/false);
+  absl::StatusOr<std::vector<base::SocketAddress>> upstream =
+      ResolveUpstream(options.upstream);
   if (!upstream.ok()) {
     return absl::Status(
         upstream.status().code(),
         absl::StrCat("TCPStore proxy upstream: ", upstream.status().message()));
   }
-  absl::StatusOr<std::vector<Address>> local =
-      Resolve(options.listen, /*passive=*/true);
+  absl::StatusOr<base::ListeningSocket> local =
+      base::ListenExclusive(options.listen, {.nonblocking = true});
   if (!local.ok()) {
     return absl::Status(
         local.status().code(),
-        absl::StrCat("TCPStore proxy listen: ", local.status().message()));
+        absl::StrCat("TCPStore proxy ", local.status().message()));
   }
-  std::string error = "no address";
-  for (const Address& a : *local) {
-    const int fd =
-        socket(a.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      error = std::strerror(errno);
-      continue;
-    }
-    const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_storage bound = {};
-    socklen_t len = sizeof(bound);
-    if (bind(fd, reinterpret_cast<const sockaddr*>(&a.addr), a.len) != 0 ||
-        listen(fd, SOMAXCONN) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
-      error = std::strerror(errno);
-      close(fd);
-      continue;
-    }
-    std::unique_ptr<TcpStoreProxy> proxy(new TcpStoreProxy);
-    proxy->port_ = Port(bound);
-    proxy->loop_ =
-        std::make_unique<Loop>(std::move(options), *std::move(upstream), fd);
-    if (absl::Status s = proxy->loop_->Start(); !s.ok()) return s;
-    return proxy;
-  }
-  return absl::UnavailableError(absl::StrCat("TCPStore proxy cannot listen on ",
-                                             options.listen, ": ", error));
+  std::unique_ptr<TcpStoreProxy> proxy(new TcpStoreProxy);
+  proxy->port_ = local->port;
+  proxy->loop_ = std::make_unique<Loop>(std::move(options),
+                                        *std::move(upstream), local->fd);
+  if (absl::Status s = proxy->loop_->Start(); !s.ok()) return s;
+  return proxy;
 }
 
 TcpStoreProxy::~TcpStoreProxy() { Stop(); }

@@ -1,7 +1,7 @@
 // absl::Status <-> grpc::Status. The codes are the same numbers by design
 // (both follow google.rpc.Code), so conversion keeps code and message.
-#ifndef COHORT_BASE_GRPC_STATUS_H_
-#define COHORT_BASE_GRPC_STATUS_H_
+#ifndef COHORT_PROTO_RPC_GRPC_STATUS_H_
+#define COHORT_PROTO_RPC_GRPC_STATUS_H_
 
 #include <grpcpp/support/status.h>
 
@@ -17,4 +17,4 @@ absl::Status FromGrpcStatus(const grpc::Status& status,
 
 }  // namespace cohort::base
 
-#endif  // COHORT_BASE_GRPC_STATUS_H_
+#endif  // COHORT_PROTO_RPC_GRPC_STATUS_H_

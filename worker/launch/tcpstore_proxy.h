@@ -19,8 +19,8 @@
 //   auto proxy = TcpStoreProxy::Start({.upstream = "cohortd:29400",
 //                                      .name_space = "/cohortrun/job/0/"});
 //   setenv("MASTER_PORT", absl::StrCat((*proxy)->port()).c_str(), 1);
-#ifndef COHORT_CLIENT_TCPSTORE_PROXY_H_
-#define COHORT_CLIENT_TCPSTORE_PROXY_H_
+#ifndef COHORT_WORKER_LAUNCH_TCPSTORE_PROXY_H_
+#define COHORT_WORKER_LAUNCH_TCPSTORE_PROXY_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -74,8 +74,9 @@ struct TcpStoreProxyStats {
 
 class TcpStoreProxy {
  public:
-  // Listens on options.listen and starts the loop thread. INVALID_ARGUMENT
-  // for a bad namespace or address, UNAVAILABLE when the upstream host does
+  // Listens on options.listen (base::ListenExclusive) and starts the loop
+  // thread. INVALID_ARGUMENT for a bad namespace or address, or a listen
+  // host that does not resolve; UNAVAILABLE when the upstream host does
   // not resolve or the listen address cannot be bound.
   static absl::StatusOr<std::unique_ptr<TcpStoreProxy>> Start(
       TcpStoreProxyOptions options);
@@ -108,4 +109,4 @@ class TcpStoreProxy {
 
 }  // namespace cohort
 
-#endif  // COHORT_CLIENT_TCPSTORE_PROXY_H_
+#endif  // COHORT_WORKER_LAUNCH_TCPSTORE_PROXY_H_

@@ -1,7 +1,7 @@
 // TcpStoreProxy against a fake cohortd that records each connection's
 // namespace hello and echoes what follows. The real listener behind the
 // proxy, with PyTorch's clients, is tests/torch_cohortrun_test.sh.
-#include "client/tcpstore_proxy.h"
+#include "worker/launch/tcpstore_proxy.h"
 
 #include <netinet/in.h>
 #include <poll.h>

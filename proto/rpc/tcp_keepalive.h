@@ -10,8 +10,8 @@
 // process: they fail only when the peer's host is gone, its network is cut
 // or its packets are dropped. A process that died is seen sooner still: its
 // kernel closes the connection.
-#ifndef COHORT_BASE_TCP_KEEPALIVE_H_
-#define COHORT_BASE_TCP_KEEPALIVE_H_
+#ifndef COHORT_PROTO_RPC_TCP_KEEPALIVE_H_
+#define COHORT_PROTO_RPC_TCP_KEEPALIVE_H_
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -51,4 +51,4 @@ void UseTcpKeepalive(const TcpKeepalive& keepalive,
 
 }  // namespace cohort::base
 
-#endif  // COHORT_BASE_TCP_KEEPALIVE_H_
+#endif  // COHORT_PROTO_RPC_TCP_KEEPALIVE_H_

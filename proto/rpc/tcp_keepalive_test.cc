@@ -1,4 +1,4 @@
-#include "base/tcp_keepalive.h"
+#include "proto/rpc/tcp_keepalive.h"
 
 #include <dirent.h>
 #include <netinet/in.h>
