@@ -7,12 +7,13 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "base/tcp_keepalive.h"
+#include "base/net.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
-#include "server/quota.h"
+#include "proto/rpc/tcp_keepalive.h"
+#include "server/auth/quota.h"
 
 namespace cohort::server {
 namespace {
@@ -90,6 +91,20 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   server->budget_ = std::make_unique<ConnectionBudget>(options.max_connections);
   server->log_ = options.log;
   server->tls_ = options.tls;
+  // The order matters: services need auth; the gRPC server, its services
+  // and metrics' interceptor; metrics tracks every listener.
+  if (absl::Status s = server->StartAuth(options); !s.ok()) return s;
+  server->CreateServices(options);
+  if (absl::Status s = server->StartGrpc(options); !s.ok()) return s;
+  if (absl::Status s = server->StartHealthListener(options); !s.ok()) return s;
+  if (absl::Status s = server->StartTcpStore(options); !s.ok()) return s;
+  server->TrackMetrics(server->coordination_.Get().value_or(Coordination()));
+  server->StartElection(options);
+  server->StartHealthChecks(options.health_interval);
+  return server;
+}
+
+absl::Status CohortServer::StartAuth(const ServerOptions& options) {
   if (options.tls.enabled() || !options.tls.client_ca_file.empty()) {
     absl::StatusOr<TlsFilesInfo> tls = CheckTlsFiles(options.tls);
     if (!tls.ok()) return tls.status();
@@ -105,46 +120,66 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
               : std::string()));
     }
   }
-  if (!options.auth_tokens.empty()) {
-    auto auth =
-        Authenticator::Start({.tokens_file = options.auth_tokens,
-                              .store = server->store_.get(),
-                              .log = options.log,
-                              .max_ttl = options.max_token_ttl,
-                              .issue_limits = options.token_issue_limits,
-                              .sweep_interval = options.token_sweep_interval});
-    if (!auth.ok()) return auth.status();
-    server->auth_ = std::move(*auth);
-    server->auth_tokens_ = options.auth_tokens;
-    server->UpdateShares();
-  }
-  StoreServiceOptions store_options = options.store_service;
-  store_options.auth = server->auth_.get();
-  store_options.watch_gauges = &server->watch_gauges_;
-  store_options.quotas = server->quotas_.get();
-  server->auth_service_ = std::make_unique<AuthService>(server->auth_.get());
-  server->info_service_ = std::make_unique<InfoService>(InfoServiceOptions{
-      .engine = options.engine,
-      .tcpstore_advertise = options.tcpstore_advertise,
-      .tcpstore_prefix = options.tcpstore_prefix,
-      .tcpstore_token_required =
-          server->auth_ != nullptr && options.tcpstore_require_token,
-      .auth = server->auth_.get()});
-  server->service_ =
-      std::make_unique<StoreService>(server->store_.get(), store_options);
-  if (options.election_endpoints.empty()) {
-    server->coordination_.Fill(
-        {.rendezvous = std::make_shared<Rendezvous>(server->store_.get()),
-         .membership = std::make_shared<Membership>(server->store_.get())});
-  }
-  server->rendezvous_service_ = std::make_unique<RendezvousService>(
-      &server->coordination_, server->auth_.get());
-  server->membership_service_ = std::make_unique<MembershipService>(
-      &server->coordination_, server->store_.get(),
-      options.store_service.watch_buffer_bytes, &server->watch_gauges_,
-      server->auth_.get(), server->quotas_.get());
+  if (options.auth_tokens.empty()) return absl::OkStatus();
+  auto auth =
+      Authenticator::Start({.tokens_file = options.auth_tokens,
+                            .store = store_.get(),
+                            .log = options.log,
+                            .max_ttl = options.max_token_ttl,
+                            .issue_limits = options.token_issue_limits,
+                            .sweep_interval = options.token_sweep_interval});
+  if (!auth.ok()) return auth.status();
+  auth_ = std::move(*auth);
+  auth_tokens_ = options.auth_tokens;
+  UpdateShares();
+  return absl::OkStatus();
+}
 
-  const store::StoreLimits& limits = server->store_->limits();
+void CohortServer::CreateServices(const ServerOptions& options) {
+  StoreServiceOptions store_options = options.store_service;
+  store_options.auth = auth_.get();
+  store_options.watch_gauges = &watch_gauges_;
+  store_options.quotas = quotas_.get();
+  auth_service_ = std::make_unique<AuthService>(auth_.get());
+  info_service_ = std::make_unique<InfoService>(
+      InfoServiceOptions{.engine = options.engine,
+                         .tcpstore_advertise = options.tcpstore_advertise,
+                         .tcpstore_prefix = options.tcpstore_prefix,
+                         .tcpstore_token_required =
+                             auth_ != nullptr && options.tcpstore_require_token,
+                         .auth = auth_.get()});
+  service_ = std::make_unique<StoreService>(store_.get(), store_options);
+  if (options.election_endpoints.empty()) {
+    coordination_.Fill(
+        {.rendezvous = std::make_shared<Rendezvous>(store_.get()),
+         .membership = std::make_shared<Membership>(store_.get())});
+  }
+  rendezvous_service_ =
+      std::make_unique<RendezvousService>(&coordination_, auth_.get());
+  membership_service_ = std::make_unique<MembershipService>(
+      &coordination_, store_.get(), options.store_service.watch_buffer_bytes,
+      &watch_gauges_, auth_.get(), quotas_.get());
+}
+
+absl::Status CohortServer::StartMetrics(const ServerOptions& options,
+                                        grpc::ServerBuilder& builder) {
+  if (options.metrics_listen.empty()) return absl::OkStatus();
+  metrics_ = std::make_unique<Metrics>();
+  if (absl::Status s = metrics_->Serve(options.metrics_listen); !s.ok()) {
+    return s;
+  }
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(metrics_->NewGrpcInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  store_->SetSyncObserver(
+      [m = metrics_.get()](absl::Duration d) { m->ObserveWalSync(d); });
+  return absl::OkStatus();
+}
+
+absl::Status CohortServer::StartGrpc(const ServerOptions& options) {
+  const store::StoreLimits& limits = store_->limits();
   // Room for the largest single value plus its key and framing; multi-key
   // calls may carry up to 64 MiB.
   const size_t max_message = std::max<size_t>(
@@ -152,43 +187,27 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   grpc::ServerBuilder builder;
   const base::TcpKeepalive keepalive{.idle = options.keepalive_time,
                                      .timeout = options.keepalive_timeout};
-  if (!options.metrics_listen.empty()) {
-    server->metrics_ = std::make_unique<Metrics>();
-    if (absl::Status s = server->metrics_->Serve(options.metrics_listen);
-        !s.ok()) {
-      return s;
-    }
-    std::vector<
-        std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
-        interceptors;
-    interceptors.push_back(server->metrics_->NewGrpcInterceptorFactory());
-    builder.experimental().SetInterceptorCreators(std::move(interceptors));
-    server->store_->SetSyncObserver(
-        [m = server->metrics_.get()](absl::Duration d) {
-          m->ObserveWalSync(d);
-        });
-  }
+  if (absl::Status s = StartMetrics(options, builder); !s.ok()) return s;
   if (options.tls.enabled()) {
     // gRPC adopts only plaintext sockets, so with TLS it binds the port.
-    builder.AddListeningPort(options.listen,
-                             TlsServerCredentials(options.tls),
-                             &server->port_);
+    builder.AddListeningPort(options.listen, TlsServerCredentials(options.tls),
+                             &port_);
   } else {
     // Connections come only from the Listener; gRPC opens no port itself.
     auto listener = Listener::Bind(options.listen,
                                    {.max_connections = options.max_connections,
-                                    .budget = server->budget_.get(),
+                                    .budget = budget_.get(),
                                     .keepalive = keepalive,
                                     .log = options.log});
     if (!listener.ok()) return listener.status();
-    server->listener_ = std::move(*listener);
-    server->port_ = server->listener_->port();
+    listener_ = std::move(*listener);
+    port_ = listener_->port();
   }
-  builder.RegisterService(server->service_.get());
-  builder.RegisterService(server->auth_service_.get());
-  builder.RegisterService(server->info_service_.get());
-  builder.RegisterService(server->rendezvous_service_.get());
-  builder.RegisterService(server->membership_service_.get());
+  builder.RegisterService(service_.get());
+  builder.RegisterService(auth_service_.get());
+  builder.RegisterService(info_service_.get());
+  builder.RegisterService(rendezvous_service_.get());
+  builder.RegisterService(membership_service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<size_t>(max_message, std::numeric_limits<int>::max())));
   builder.SetMaxSendMessageSize(static_cast<int>(
@@ -208,112 +227,109 @@ absl::StatusOr<std::unique_ptr<CohortServer>> CohortServer::Start(
   builder.AddChannelArgument(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || server->port_ == 0) {
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(absl::StrCat(
         "cannot serve gRPC on ", options.listen,
         options.tls.enabled() ? " (TLS): is the port in use or the address "
                                 "not this host's?"
                               : ": the gRPC server failed to start"));
   }
-  if (server->listener_ != nullptr) {
-    server->listener_->Start(server->server_.get());
+  if (listener_ != nullptr) listener_->Start(server_.get());
+  return absl::OkStatus();
+}
+
+absl::Status CohortServer::StartHealthListener(const ServerOptions& options) {
+  if (options.health_listen.empty()) return absl::OkStatus();
+  grpc::ServerBuilder health;
+  health.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  health.AddListeningPort(options.health_listen,
+                          grpc::InsecureServerCredentials(), &health_port_);
+  health_server_ = health.BuildAndStart();
+  if (health_server_ == nullptr || health_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve health checks on --health_listen ", options.health_listen,
+        ": is the port in use or the address not this host's?"));
   }
-  if (!options.health_listen.empty()) {
-    grpc::ServerBuilder health;
-    health.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-    health.AddListeningPort(options.health_listen,
-                            grpc::InsecureServerCredentials(),
-                            &server->health_port_);
-    server->health_server_ = health.BuildAndStart();
-    if (server->health_server_ == nullptr || server->health_port_ == 0) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot serve health checks on --health_listen ",
-                       options.health_listen,
-                       ": is the port in use or the address not this host's?"));
-    }
+  return absl::OkStatus();
+}
+
+absl::Status CohortServer::StartTcpStore(const ServerOptions& options) {
+  if (options.tcpstore_listen.empty()) return absl::OkStatus();
+  std::function<void(tcpstore::Op, TcpStoreOutcome, absl::Duration)> on_query;
+  if (Metrics* m = metrics_.get()) {
+    on_query = [m](tcpstore::Op op, TcpStoreOutcome outcome, absl::Duration d) {
+      m->ObserveTcpStoreQuery(op, outcome, d);
+    };
   }
-  if (!options.tcpstore_listen.empty()) {
-    std::function<void(tcpstore::Op, TcpStoreOutcome, absl::Duration)> on_query;
-    if (Metrics* m = server->metrics_.get()) {
-      on_query = [m](tcpstore::Op op, TcpStoreOutcome outcome,
-                     absl::Duration d) {
-        m->ObserveTcpStoreQuery(op, outcome, d);
-      };
-    }
-    auto tcpstore = TcpStoreServer::Start(
-        server->store_.get(),
-        {.listen = options.tcpstore_listen,
-         .max_connections = options.max_connections,
-         .budget = server->budget_.get(),
-         .max_unsent_bytes_total = options.tcpstore_max_unsent_bytes_total,
-         .max_queue_bytes_total = options.tcpstore_max_queue_bytes,
-         .quotas = server->quotas_.get(),
-         .spin_after_activity = options.tcpstore_spin,
-         .allow = options.tcpstore_allow,
-         .prefix = options.tcpstore_prefix,
-         .authorize = TokenHelloCheck(server->auth_.get()),
-         .require_token =
-             server->auth_ != nullptr && options.tcpstore_require_token,
-         .log = options.log,
-         .on_query = std::move(on_query)});
-    if (!tcpstore.ok()) return tcpstore.status();
-    server->tcpstore_ = std::move(*tcpstore);
-    const std::string& listen = options.tcpstore_listen;
-    server->info_service_->SetTcpStoreBound(absl::StrCat(
-        listen.substr(0, listen.rfind(':')), ":", server->tcpstore_->port()));
+  auto tcpstore = TcpStoreServer::Start(
+      store_.get(),
+      {.listen = options.tcpstore_listen,
+       .max_connections = options.max_connections,
+       .budget = budget_.get(),
+       .max_unsent_bytes_total = options.tcpstore_max_unsent_bytes_total,
+       .max_queue_bytes_total = options.tcpstore_max_queue_bytes,
+       .quotas = quotas_.get(),
+       .spin_after_activity = options.tcpstore_spin,
+       .allow = options.tcpstore_allow,
+       .prefix = options.tcpstore_prefix,
+       .authorize = TokenHelloCheck(auth_.get()),
+       .require_token = auth_ != nullptr && options.tcpstore_require_token,
+       .log = options.log,
+       .on_query = std::move(on_query)});
+  if (!tcpstore.ok()) return tcpstore.status();
+  tcpstore_ = std::move(*tcpstore);
+  // The listen address's host with the port bound (a bad address would
+  // not have bound).
+  absl::StatusOr<base::HostPort> listen =
+      base::SplitHostPort(options.tcpstore_listen,
+                          {.allow_empty_host = true, .allow_port_zero = true});
+  info_service_->SetTcpStoreBound(base::JoinHostPort(
+      listen.ok() ? listen->host : std::string(), tcpstore_->port()));
+  return absl::OkStatus();
+}
+
+void CohortServer::TrackMetrics(const Coordination& state) {
+  if (metrics_ == nullptr) return;
+  metrics_->Track({.store = store_.get(),
+                   .rendezvous = state.rendezvous.get(),
+                   .membership = state.membership.get(),
+                   .grpc_listener = listener_.get(),
+                   .tcpstore = tcpstore_.get(),
+                   .watches = &watch_gauges_,
+                   .auth = auth_.get(),
+                   .quotas = quotas_.get()});
+}
+
+void CohortServer::StartElection(const ServerOptions& options) {
+  if (options.election_endpoints.empty()) return;
+  std::string advertise = options.advertise;
+  if (advertise.empty()) advertise = options.listen;
+  if (absl::EndsWith(advertise, ":0")) {
+    advertise = absl::StrCat(advertise.substr(0, advertise.size() - 1), port_);
   }
-  if (server->metrics_ != nullptr) {
-    const Coordination state =
-        server->coordination_.Get().value_or(Coordination());
-    server->metrics_->Track({.store = server->store_.get(),
-                             .rendezvous = state.rendezvous.get(),
-                             .membership = state.membership.get(),
-                             .grpc_listener = server->listener_.get(),
-                             .tcpstore = server->tcpstore_.get(),
-                             .watches = &server->watch_gauges_,
-                             .auth = server->auth_.get(),
-                             .quotas = server->quotas_.get()});
+  leadership_ = std::make_unique<EtcdLeadership>(EtcdLeadershipOptions{
+      .endpoints = options.election_endpoints,
+      .address = advertise,
+      .ttl = options.election_ttl,
+      .elected = [this] { Lead(); },
+      .follows = [this](const std::string& leader) { Follow(leader); },
+      .log = options.log});
+}
+
+void CohortServer::StartHealthChecks(absl::Duration interval) {
+  absl::MutexLock lock(&health_mu_);
+  // A disk that cannot hold the reserve refuses every write: NOT_SERVING
+  // from the start, not from the first refused write. serving_ starts
+  // opposite, so that every service gets its status.
+  const absl::Status writable = store_->CheckWritable();
+  serving_ = !writable.ok();
+  SetServing(writable.ok(), writable);
+  for (grpc::Server* s : grpc_servers()) {
+    s->GetHealthCheckService()->SetServingStatus(kLivenessService, true);
   }
-  if (!options.election_endpoints.empty()) {
-    std::string advertise = options.advertise;
-    if (advertise.empty()) advertise = options.listen;
-    if (absl::EndsWith(advertise, ":0")) {
-      advertise = absl::StrCat(advertise.substr(0, advertise.size() - 1),
-                               server->port_);
-    }
-    CohortServer* s = server.get();
-    server->leadership_ = std::make_unique<EtcdLeadership>(
-        EtcdLeadershipOptions{.endpoints = options.election_endpoints,
-                              .address = advertise,
-                              .ttl = options.election_ttl,
-                              .elected = [s] { s->Lead(); },
-                              .follows = [s](const std::string& leader) {
-                                s->Follow(leader);
-                              },
-                              .log = options.log});
-  }
-  {
-    absl::MutexLock lock(&server->health_mu_);
-    // A disk that cannot hold the reserve refuses every write: NOT_SERVING
-    // from the start, not from the first refused write. serving_ starts
-    // opposite, so that every service gets its status.
-    const absl::Status writable = server->store_->CheckWritable();
-    server->serving_ = !writable.ok();
-    server->SetServing(writable.ok(), writable);
-    for (grpc::Server* s : server->grpc_servers()) {
-      s->GetHealthCheckService()->SetServingStatus(kLivenessService, true);
-    }
-  }
-  {
-    absl::MutexLock lock(&server->health_mu_);
-    server->health_check_ = server->health_timer_.Schedule(
-        absl::Now() + options.health_interval,
-        [s = server.get(), interval = options.health_interval] {
-          s->CheckHealth(interval);
-        });
-  }
-  return server;
+  health_check_ = health_timer_.Schedule(
+      absl::Now() + interval, [this, interval] { CheckHealth(interval); });
 }
 
 void CohortServer::SetServing(bool serving, const absl::Status& why) {
@@ -324,8 +340,7 @@ void CohortServer::SetServing(bool serving, const absl::Status& why) {
     health->SetServingStatus("", serving);
     for (const char* service :
          {v1::Store::service_full_name(), v1::Rendezvous::service_full_name(),
-          v1::Membership::service_full_name(),
-          v1::Auth::service_full_name()}) {
+          v1::Membership::service_full_name(), v1::Auth::service_full_name()}) {
       health->SetServingStatus(service, serving);
     }
   }
@@ -358,21 +373,13 @@ void CohortServer::Lead() {
   // last moments are not held against anyone.
   Coordination state{.rendezvous = std::make_shared<Rendezvous>(store_.get()),
                      .membership = std::make_shared<Membership>(store_.get())};
-  if (metrics_ != nullptr) {
-    metrics_->Track({.store = store_.get(),
-                     .rendezvous = state.rendezvous.get(),
-                     .membership = state.membership.get(),
-                     .grpc_listener = listener_.get(),
-                     .tcpstore = tcpstore_.get(),
-                     .watches = &watch_gauges_,
-                     .auth = auth_.get(),
-                     .quotas = quotas_.get()});
-  }
+  TrackMetrics(state);
   coordination_.Fill(std::move(state));
   if (log_) {
-    log_(absl::StrCat("leadership: leading; rendezvous and membership "
-                      "loaded from the store in ",
-                      absl::FormatDuration(absl::Now() - start)));
+    log_(
+        absl::StrCat("leadership: leading; rendezvous and membership "
+                     "loaded from the store in ",
+                     absl::FormatDuration(absl::Now() - start)));
   }
 }
 
@@ -393,14 +400,7 @@ void CohortServer::Follow(const std::string& leader) {
       "leader)");
   old.rendezvous->Shutdown(moved);
   old.membership->Shutdown(moved);
-  if (metrics_ != nullptr) {
-    metrics_->Track({.store = store_.get(),
-                     .grpc_listener = listener_.get(),
-                     .tcpstore = tcpstore_.get(),
-                     .watches = &watch_gauges_,
-                     .auth = auth_.get(),
-                     .quotas = quotas_.get()});
-  }
+  TrackMetrics(Coordination());
 }
 
 void CohortServer::UpdateShares() {
@@ -435,12 +435,11 @@ absl::Status CohortServer::Reload() {
       }
       status.Update(tls.status());
     } else if (log_) {
-      log_(absl::StrCat(
-          "tls: files checked: ", tls->subject, " valid until ",
-          absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", tls->not_after,
-                           absl::UTCTimeZone()),
-          "; gRPC takes them up within ",
-          absl::FormatDuration(tls_.reload_interval)));
+      log_(absl::StrCat("tls: files checked: ", tls->subject, " valid until ",
+                        absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", tls->not_after,
+                                         absl::UTCTimeZone()),
+                        "; gRPC takes them up within ",
+                        absl::FormatDuration(tls_.reload_interval)));
     }
   }
   return status;

@@ -15,21 +15,21 @@
 #include "absl/time/time.h"
 #include "base/deadline_timer.h"
 #include "grpcpp/server.h"
-#include "server/auth.h"
-#include "server/auth_service.h"
-#include "server/coordination_service.h"
-#include "server/coordination_slot.h"
-#include "server/etcd_leadership.h"
-#include "server/info_service.h"
-#include "server/listener.h"
-#include "server/membership.h"
-#include "server/metrics.h"
-#include "server/quota.h"
-#include "server/reactors.h"
-#include "server/rendezvous.h"
-#include "server/store_service.h"
-#include "server/tcpstore_server.h"
-#include "server/tls.h"
+#include "server/auth/auth.h"
+#include "server/auth/quota.h"
+#include "server/coordination/membership.h"
+#include "server/coordination/rendezvous.h"
+#include "server/ha/etcd_leadership.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/auth_service.h"
+#include "server/rpc/coordination_service.h"
+#include "server/rpc/coordination_slot.h"
+#include "server/rpc/info_service.h"
+#include "server/rpc/listener.h"
+#include "server/rpc/reactors.h"
+#include "server/rpc/store_service.h"
+#include "server/rpc/tls.h"
+#include "server/tcpstore/tcpstore_server.h"
 #include "store/kv_store.h"
 
 namespace cohort::server {
@@ -179,6 +179,21 @@ class CohortServer {
 
  private:
   CohortServer() = default;
+  // Start's steps, in its order; each returns the error that stops it.
+  absl::Status StartAuth(const ServerOptions& options);  // TLS files, tokens.
+  void CreateServices(const ServerOptions& options);
+  // The gRPC server on its Listener (or TLS port), with metrics if asked.
+  absl::Status StartGrpc(const ServerOptions& options);
+  absl::Status StartMetrics(const ServerOptions& options,
+                            grpc::ServerBuilder& builder);
+  absl::Status StartHealthListener(const ServerOptions& options);
+  absl::Status StartTcpStore(const ServerOptions& options);
+  // Points metrics at the sources it reads at scrape, `state` (empty on a
+  // follower) for rendezvous and membership.
+  void TrackMetrics(const Coordination& state);
+  void StartElection(const ServerOptions& options);
+  // Health from the store's writability now, then every `interval`.
+  void StartHealthChecks(absl::Duration interval);
   // Sets health from the store's writability, then runs again after
   // `interval` on health_timer_ until Drain.
   void CheckHealth(absl::Duration interval);

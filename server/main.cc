@@ -23,12 +23,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/log_limiter.h"
+#include "base/net.h"
 #include "base/signals.h"
 #include "google/protobuf/stubs/logging.h"
 #include "grpc/support/log.h"
 #include "proto/c10d/rules.h"
 #include "server/cohort_server.h"
-#include "server/etcd_engine.h"
+#include "server/ha/etcd_engine.h"
 #include "store/kv_engine.h"
 #include "store/kv_store.h"
 
@@ -279,6 +280,310 @@ uint64_t RaiseFdLimit(uint64_t max_connections) {
   return std::min(fit, max_connections);
 }
 
+// The host part of a listen address ("" for ":PORT"); the whole address
+// when it does not parse, for the listener to refuse with its own message.
+std::string HostOf(const std::string& listen) {
+  absl::StatusOr<cohort::base::HostPort> split = cohort::base::SplitHostPort(
+      listen, {.allow_empty_host = true, .allow_port_zero = true});
+  if (!split.ok()) return listen;
+  return absl::StrContains(split->host, ':')
+             ? absl::StrCat("[", split->host, "]")
+             : split->host;
+}
+
+// Whether --tcpstore_listen was given on the command line (absl keeps that
+// to itself).
+bool TcpStoreListenGiven(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (absl::StartsWith(arg, "--tcpstore_listen") ||
+        absl::StartsWith(arg, "-tcpstore_listen")) {
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<cohort::store::StoreLimits> LimitsFromFlags() {
+  cohort::store::StoreLimits limits;
+  limits.max_key_bytes = absl::GetFlag(FLAGS_max_key_bytes);
+  limits.max_value_bytes = absl::GetFlag(FLAGS_max_value_bytes);
+  limits.max_keys_per_call = absl::GetFlag(FLAGS_max_keys_per_call);
+  limits.max_list_page = absl::GetFlag(FLAGS_max_list_page);
+  limits.history_events = absl::GetFlag(FLAGS_watch_history_events);
+  limits.history_bytes = absl::GetFlag(FLAGS_watch_history_bytes);
+  limits.quota_keys = absl::GetFlag(FLAGS_quota_keys);
+  limits.quota_bytes = absl::GetFlag(FLAGS_quota_bytes);
+  if (limits.max_key_bytes == 0 || limits.max_keys_per_call == 0 ||
+      limits.max_list_page == 0) {
+    return absl::InvalidArgumentError(
+        "--max_key_bytes, --max_keys_per_call and --max_list_page must be > 0");
+  }
+  return limits;
+}
+
+// A storage engine opened as --engine says, and where it keeps its data
+// (for the first log line).
+struct OpenedEngine {
+  std::unique_ptr<cohort::store::KvEngine> engine;
+  std::string where;
+};
+
+absl::StatusOr<OpenedEngine> OpenRocksDb() {
+  std::error_code ec;
+  std::filesystem::path dir =
+      std::filesystem::absolute(absl::GetFlag(FLAGS_data_dir), ec);
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot create --data_dir ", dir.string(), ": ", ec.message()));
+  }
+  auto opened = cohort::store::OpenRocksDbEngine(
+      {.path = dir.string(),
+       .sync_writes = absl::GetFlag(FLAGS_sync_writes),
+       .min_free_bytes = absl::GetFlag(FLAGS_min_free_bytes),
+       .log = [](absl::string_view line) {
+         Log(absl::StrCat("rocksdb: ", line));
+       }});
+  if (!opened.ok()) return opened.status();
+  // Otherwise the first sign of a disk smaller than the reserve would be
+  // the first refused write.
+  if (absl::Status writable = (*opened)->CheckWritable(); !writable.ok()) {
+    Log(absl::StrCat("warning: ", writable.message()));
+  }
+  return OpenedEngine{
+      std::move(*opened),
+      absl::StrCat("rocksdb in ", dir.string(),
+                   absl::GetFlag(FLAGS_sync_writes) ? " (sync writes)" : "")};
+}
+
+absl::StatusOr<OpenedEngine> OpenEngine(const std::string& engine_name) {
+  if (engine_name == "memory") {
+    return OpenedEngine{cohort::store::NewMemoryEngine(),
+                        "memory (nothing is persisted)"};
+  }
+  if (engine_name == "rocksdb") return OpenRocksDb();
+  if (engine_name == "etcd") {
+    auto opened = cohort::server::OpenEtcdEngine(
+        {.endpoints = absl::GetFlag(FLAGS_etcd_endpoints),
+         .prefix = absl::GetFlag(FLAGS_etcd_prefix),
+         .log = [](absl::string_view line) { Log(std::string(line)); }});
+    if (!opened.ok()) return opened.status();
+    return OpenedEngine{
+        std::move(*opened),
+        absl::StrCat("etcd at ",
+                     absl::StrJoin(absl::GetFlag(FLAGS_etcd_endpoints), ","),
+                     " under ", absl::GetFlag(FLAGS_etcd_prefix))};
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--engine must be rocksdb, memory or etcd, got '", engine_name, "'"));
+}
+
+// Tokens: the file, and the limits on what may be issued.
+absl::Status AuthFromFlags(cohort::server::ServerOptions& options) {
+  options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
+  options.max_token_ttl = absl::GetFlag(FLAGS_max_token_ttl);
+  if (options.max_token_ttl <= absl::ZeroDuration() ||
+      options.max_token_ttl > absl::Hours(24 * 3650)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_token_ttl must be above 0 and at most 3650 days, got ",
+        absl::FormatDuration(options.max_token_ttl)));
+  }
+  options.token_issue_limits = {
+      .rate = absl::GetFlag(FLAGS_token_issue_rate),
+      .burst = absl::GetFlag(FLAGS_token_issue_burst),
+      .max_live = absl::GetFlag(FLAGS_max_issued_tokens)};
+  if (!(options.token_issue_limits.rate >= 0) ||
+      options.token_issue_limits.burst < 1 ||
+      options.token_issue_limits.max_live < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--token_issue_rate must be >= 0 (0: no limit), --token_issue_burst "
+        ">= 1 and --max_issued_tokens >= 0 (0: no limit); got ",
+        options.token_issue_limits.rate, ", ", options.token_issue_limits.burst,
+        " and ", options.token_issue_limits.max_live));
+  }
+  options.token_sweep_interval = absl::GetFlag(FLAGS_token_sweep_interval);
+  if (options.token_sweep_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--token_sweep_interval must be above 0, got ",
+                     absl::FormatDuration(options.token_sweep_interval)));
+  }
+  return absl::OkStatus();
+}
+
+// With --engine=etcd: the election, and the address this replica is known
+// by (the listen address, with the host name for a wildcard host).
+absl::Status ElectionFromFlags(cohort::server::ServerOptions& options) {
+  if (options.tls.enabled()) {
+    return absl::UnimplementedError(
+        "--engine=etcd with --tls_cert is not supported yet: replicas pass "
+        "calls to their leader over plaintext");
+  }
+  options.election_endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+  options.election_ttl = absl::GetFlag(FLAGS_election_ttl);
+  options.advertise = absl::GetFlag(FLAGS_advertise);
+  if (!options.advertise.empty()) return absl::OkStatus();
+  absl::StatusOr<cohort::base::HostPort> listen = cohort::base::SplitHostPort(
+      options.listen, {.allow_empty_host = true, .allow_port_zero = true});
+  // A bad --listen is the listener's to refuse, in its own words.
+  if (!listen.ok()) return absl::OkStatus();
+  std::string host = listen->host;
+  if (cohort::base::IsWildcardHost(host)) {
+    char name[256] = "";
+    gethostname(name, sizeof(name) - 1);
+    host = name;
+  }
+  options.advertise = cohort::base::JoinHostPort(host, listen->port);
+  return absl::OkStatus();
+}
+
+// The TCPStore listener: whether it is served at all, and to whom.
+absl::Status TcpStoreFromFlags(cohort::server::ServerOptions& options,
+                               bool tcpstore_explicit) {
+  options.tcpstore_listen = absl::GetFlag(FLAGS_tcpstore_listen);
+  options.tcpstore_advertise = absl::GetFlag(FLAGS_tcpstore_advertise);
+  options.tcpstore_require_token = absl::GetFlag(FLAGS_tcpstore_require_token);
+  // PyTorch's TCPStore protocol has no credentials: with auth on, the
+  // listener would be a way around it, so it is served only when asked.
+  if (!options.auth_tokens.empty() && !tcpstore_explicit &&
+      !options.tcpstore_listen.empty()) {
+    Log("auth is on: not serving the TCPStore protocol (give "
+        "--tcpstore_listen to serve it to cohortrun's node proxies, which "
+        "send their workers' token)");
+    options.tcpstore_listen.clear();
+  }
+  if (!options.tcpstore_advertise.empty() && options.tcpstore_listen.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tcpstore_advertise=", options.tcpstore_advertise,
+        " says where clients dial the TCPStore listener, but it is off (",
+        options.auth_tokens.empty()
+            ? "--tcpstore_listen is empty"
+            : "auth is on and --tcpstore_listen was not given",
+        "): give --tcpstore_listen=HOST:PORT, or drop --tcpstore_advertise"));
+  }
+  options.tcpstore_allow = absl::GetFlag(FLAGS_tcpstore_allow);
+  options.tcpstore_prefix = absl::GetFlag(FLAGS_tcpstore_prefix);
+  if (!options.auth_tokens.empty() && !options.tcpstore_require_token &&
+      !options.tcpstore_listen.empty() && options.tcpstore_prefix.empty()) {
+    return absl::InvalidArgumentError(
+        "--tcpstore_require_token=false without --tcpstore_prefix would let "
+        "every TCPStore client --tcpstore_allow admits read and write every "
+        "job's keys and read cohortd's records, around --auth_tokens: give "
+        "--tcpstore_prefix=DIR/ to confine anonymous clients to it, or keep "
+        "--tcpstore_require_token (cohortrun's node proxy sends its workers' "
+        "token)");
+  }
+  options.tcpstore_max_unsent_bytes_total =
+      absl::GetFlag(FLAGS_tcpstore_max_unsent_bytes_total);
+  options.tcpstore_max_queue_bytes =
+      absl::GetFlag(FLAGS_tcpstore_max_queue_bytes);
+  options.tcpstore_spin = absl::GetFlag(FLAGS_tcpstore_spin);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<cohort::server::ServerOptions> ServerOptionsFromFlags(
+    const std::string& engine_name, bool tcpstore_explicit) {
+  cohort::server::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.engine = engine_name;
+  if (absl::Status auth = AuthFromFlags(options); !auth.ok()) return auth;
+  options.tls = {.cert_file = absl::GetFlag(FLAGS_tls_cert),
+                 .key_file = absl::GetFlag(FLAGS_tls_key),
+                 .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca)};
+  options.health_listen = absl::GetFlag(FLAGS_health_listen);
+  if (engine_name == "etcd") {
+    if (absl::Status election = ElectionFromFlags(options); !election.ok()) {
+      return election;
+    }
+  }
+  if (absl::Status tcpstore = TcpStoreFromFlags(options, tcpstore_explicit);
+      !tcpstore.ok()) {
+    return tcpstore;
+  }
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.max_connections = RaiseFdLimit(absl::GetFlag(FLAGS_max_connections));
+  options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);
+  options.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
+  options.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
+  options.log = [](absl::string_view line) { Log(std::string(line)); };
+  options.store_service.watch_buffer_bytes =
+      absl::GetFlag(FLAGS_watch_buffer_bytes);
+  options.quotas = {.queue_bytes = absl::GetFlag(FLAGS_quota_queue_bytes),
+                    .waits = absl::GetFlag(FLAGS_quota_waits),
+                    .waited_keys = absl::GetFlag(FLAGS_quota_waited_keys),
+                    .watch_streams = absl::GetFlag(FLAGS_quota_watch_streams),
+                    .connections = absl::GetFlag(FLAGS_quota_connections)};
+  return options;
+}
+
+// What cohortd serves, and where: its first lines.
+void LogServing(const cohort::server::CohortServer& server,
+                const cohort::server::ServerOptions& options,
+                const std::string& where, int64_t keys, int64_t revision) {
+  Log(absl::StrFormat(
+      "serving cohort.v1.Store on %s:%d; store: %s; %d keys at revision %d",
+      HostOf(options.listen), server.port(), where, keys, revision));
+  if (server.tcpstore_port() != 0) {
+    Log(absl::StrFormat(
+        "serving the TCPStore protocol on %s:%d (PyTorch "
+        "1.13-2.0 and 2.1+ clients)%s%s",
+        HostOf(options.tcpstore_listen), server.tcpstore_port(),
+        options.tcpstore_advertise.empty()
+            ? ""
+            : absl::StrCat("; clients are told to dial ",
+                           options.tcpstore_advertise),
+        !options.auth_tokens.empty() && options.tcpstore_require_token
+            ? "; each connection needs a token hello "
+              "(cohortrun's node proxy)"
+            : ""));
+  }
+  if (server.health_port() != 0) {
+    Log(absl::StrFormat("serving grpc.health.v1 in plaintext on %s:%d",
+                        HostOf(options.health_listen), server.health_port()));
+  }
+  if (server.metrics_port() != 0) {
+    const std::string metrics_host = HostOf(options.metrics_listen);
+    Log(absl::StrFormat("serving Prometheus metrics on http://%s:%d/metrics",
+                        metrics_host.empty() ? "0.0.0.0" : metrics_host,
+                        server.metrics_port()));
+  }
+}
+
+// Serves until SIGTERM or SIGINT (SIGHUP reloads tokens and certificates),
+// then drains. cohortd's exit status.
+int ServeUntilStopped(std::unique_ptr<cohort::server::CohortServer> server,
+                      const sigset_t& stop_signals) {
+  int signal = 0;
+  for (;;) {
+    sigwait(&stop_signals, &signal);
+    if (signal != SIGHUP) break;
+    absl::Status reloaded = server->Reload();
+    Log(reloaded.ok()
+            ? std::string("SIGHUP: reloaded")
+            : absl::StrCat("SIGHUP: reload failed: ", reloaded.message()));
+  }
+  Log(absl::StrCat("received ", signal == SIGTERM ? "SIGTERM" : "SIGINT",
+                   "; draining: refusing new calls, ending waiters with "
+                   "UNAVAILABLE, giving calls in flight ",
+                   absl::FormatDuration(absl::GetFlag(FLAGS_shutdown_grace))));
+  absl::Status drained = server->Drain(absl::GetFlag(FLAGS_shutdown_grace));
+  const int64_t final_revision = server->store().revision();
+  server.reset();
+  if (absl::IsResourceExhausted(drained)) {
+    // The memtable could not be flushed to a full disk; the write-ahead log
+    // already holds every acknowledged write.
+    Log(absl::StrCat("stopped at revision ", final_revision,
+                     " without flushing to disk (", drained.message(),
+                     "); every acknowledged write is in the write-ahead log "
+                     "and is replayed at the next start"));
+    return 0;
+  }
+  if (!drained.ok()) return Fail(drained);
+  Log(absl::StrCat("stopped cleanly at revision ", final_revision));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -295,14 +600,7 @@ int main(int argc, char** argv) {
   // at 30,000 members it was 18% of a barrier's CPU. Tests keep the check;
   // the server does without it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  // Whether --tcpstore_listen was given (absl keeps that to itself).
-  bool tcpstore_explicit = false;
-  for (int i = 1; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
-    if (arg == "--") break;
-    tcpstore_explicit |= absl::StartsWith(arg, "--tcpstore_listen") ||
-                         absl::StartsWith(arg, "-tcpstore_listen");
-  }
+  const bool tcpstore_explicit = TcpStoreListenGiven(argc, argv);
   absl::ParseCommandLine(argc, argv);
   gpr_set_log_function(GrpcLog);
   google::protobuf::SetLogHandler(ProtobufLog);
@@ -313,22 +611,8 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGHUP);  // Reload tokens and certificates.
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  cohort::store::StoreLimits limits;
-  limits.max_key_bytes = absl::GetFlag(FLAGS_max_key_bytes);
-  limits.max_value_bytes = absl::GetFlag(FLAGS_max_value_bytes);
-  limits.max_keys_per_call = absl::GetFlag(FLAGS_max_keys_per_call);
-  limits.max_list_page = absl::GetFlag(FLAGS_max_list_page);
-  limits.history_events = absl::GetFlag(FLAGS_watch_history_events);
-  limits.history_bytes = absl::GetFlag(FLAGS_watch_history_bytes);
-  limits.quota_keys = absl::GetFlag(FLAGS_quota_keys);
-  limits.quota_bytes = absl::GetFlag(FLAGS_quota_bytes);
-  if (limits.max_key_bytes == 0 || limits.max_keys_per_call == 0 ||
-      limits.max_list_page == 0) {
-    return Fail(
-        absl::InvalidArgumentError("--max_key_bytes, --max_keys_per_call and "
-                                   "--max_list_page must be > 0"));
-  }
-
+  absl::StatusOr<cohort::store::StoreLimits> limits = LimitsFromFlags();
+  if (!limits.ok()) return Fail(limits.status());
   // Before the store is opened: a bad address is a mistake to fix first.
   if (const std::string advertise = absl::GetFlag(FLAGS_tcpstore_advertise);
       !advertise.empty()) {
@@ -338,226 +622,18 @@ int main(int argc, char** argv) {
   }
 
   const std::string engine_name = absl::GetFlag(FLAGS_engine);
-  std::string where;
-  std::unique_ptr<cohort::store::KvEngine> engine;
-  if (engine_name == "memory") {
-    engine = cohort::store::NewMemoryEngine();
-    where = "memory (nothing is persisted)";
-  } else if (engine_name == "rocksdb") {
-    std::error_code ec;
-    std::filesystem::path dir =
-        std::filesystem::absolute(absl::GetFlag(FLAGS_data_dir), ec);
-    std::filesystem::create_directories(dir, ec);
-    if (ec) {
-      return Fail(absl::FailedPreconditionError(absl::StrCat(
-          "cannot create --data_dir ", dir.string(), ": ", ec.message())));
-    }
-    auto opened = cohort::store::OpenRocksDbEngine(
-        {.path = dir.string(),
-         .sync_writes = absl::GetFlag(FLAGS_sync_writes),
-         .min_free_bytes = absl::GetFlag(FLAGS_min_free_bytes),
-         .log = [](absl::string_view line) {
-           Log(absl::StrCat("rocksdb: ", line));
-         }});
-    if (!opened.ok()) return Fail(opened.status());
-    engine = std::move(*opened);
-    // Otherwise the first sign of a disk smaller than the reserve would be
-    // the first refused write.
-    if (absl::Status writable = engine->CheckWritable(); !writable.ok()) {
-      Log(absl::StrCat("warning: ", writable.message()));
-    }
-    where =
-        absl::StrCat("rocksdb in ", dir.string(),
-                     absl::GetFlag(FLAGS_sync_writes) ? " (sync writes)" : "");
-  } else if (engine_name == "etcd") {
-    auto opened = cohort::server::OpenEtcdEngine(
-        {.endpoints = absl::GetFlag(FLAGS_etcd_endpoints),
-         .prefix = absl::GetFlag(FLAGS_etcd_prefix),
-         .log = [](absl::string_view line) { Log(std::string(line)); }});
-    if (!opened.ok()) return Fail(opened.status());
-    engine = std::move(*opened);
-    where = absl::StrCat("etcd at ",
-                         absl::StrJoin(absl::GetFlag(FLAGS_etcd_endpoints), ","),
-                         " under ", absl::GetFlag(FLAGS_etcd_prefix));
-  } else {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--engine must be rocksdb, memory or etcd, got '", engine_name, "'")));
-  }
-  const int64_t keys = engine->NumKeys();
-  auto store =
-      std::make_unique<cohort::store::KvStore>(std::move(engine), limits);
+  absl::StatusOr<OpenedEngine> opened = OpenEngine(engine_name);
+  if (!opened.ok()) return Fail(opened.status());
+  const int64_t keys = opened->engine->NumKeys();
+  auto store = std::make_unique<cohort::store::KvStore>(
+      std::move(opened->engine), *limits);
   const int64_t revision = store->revision();
 
-  cohort::server::ServerOptions options;
-  options.listen = absl::GetFlag(FLAGS_listen);
-  options.tcpstore_listen = absl::GetFlag(FLAGS_tcpstore_listen);
-  options.tcpstore_advertise = absl::GetFlag(FLAGS_tcpstore_advertise);
-  options.engine = engine_name;
-  options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
-  options.max_token_ttl = absl::GetFlag(FLAGS_max_token_ttl);
-  if (options.max_token_ttl <= absl::ZeroDuration() ||
-      options.max_token_ttl > absl::Hours(24 * 3650)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--max_token_ttl must be above 0 and at most 3650 days, got ",
-        absl::FormatDuration(options.max_token_ttl))));
-  }
-  options.token_issue_limits = {
-      .rate = absl::GetFlag(FLAGS_token_issue_rate),
-      .burst = absl::GetFlag(FLAGS_token_issue_burst),
-      .max_live = absl::GetFlag(FLAGS_max_issued_tokens)};
-  if (!(options.token_issue_limits.rate >= 0) ||
-      options.token_issue_limits.burst < 1 ||
-      options.token_issue_limits.max_live < 0) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--token_issue_rate must be >= 0 (0: no limit), --token_issue_burst "
-        ">= 1 and --max_issued_tokens >= 0 (0: no limit); got ",
-        options.token_issue_limits.rate, ", ", options.token_issue_limits.burst,
-        " and ", options.token_issue_limits.max_live)));
-  }
-  options.token_sweep_interval = absl::GetFlag(FLAGS_token_sweep_interval);
-  if (options.token_sweep_interval <= absl::ZeroDuration()) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--token_sweep_interval must be above 0, got ",
-                     absl::FormatDuration(options.token_sweep_interval))));
-  }
-  options.tls = {.cert_file = absl::GetFlag(FLAGS_tls_cert),
-                 .key_file = absl::GetFlag(FLAGS_tls_key),
-                 .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca)};
-  options.health_listen = absl::GetFlag(FLAGS_health_listen);
-  if (engine_name == "etcd") {
-    if (options.tls.enabled()) {
-      return Fail(absl::UnimplementedError(
-          "--engine=etcd with --tls_cert is not supported yet: replicas pass "
-          "calls to their leader over plaintext"));
-    }
-    options.election_endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
-    options.election_ttl = absl::GetFlag(FLAGS_election_ttl);
-    options.advertise = absl::GetFlag(FLAGS_advertise);
-    if (options.advertise.empty()) {
-      std::string host = options.listen.substr(0, options.listen.rfind(':'));
-      if (host.empty() || host == "0.0.0.0" || host == "[::]") {
-        char name[256] = "";
-        gethostname(name, sizeof(name) - 1);
-        host = name;
-      }
-      options.advertise = absl::StrCat(
-          host, options.listen.substr(options.listen.rfind(':')));
-    }
-  }
-  options.tcpstore_require_token = absl::GetFlag(FLAGS_tcpstore_require_token);
-  // PyTorch's TCPStore protocol has no credentials: with auth on, the
-  // listener would be a way around it, so it is served only when asked.
-  if (!options.auth_tokens.empty() && !tcpstore_explicit &&
-      !options.tcpstore_listen.empty()) {
-    Log("auth is on: not serving the TCPStore protocol (give "
-        "--tcpstore_listen to serve it to cohortrun's node proxies, which "
-        "send their workers' token)");
-    options.tcpstore_listen.clear();
-  }
-  if (!options.tcpstore_advertise.empty() && options.tcpstore_listen.empty()) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--tcpstore_advertise=", options.tcpstore_advertise,
-        " says where clients dial the TCPStore listener, but it is off (",
-        options.auth_tokens.empty()
-            ? "--tcpstore_listen is empty"
-            : "auth is on and --tcpstore_listen was not given",
-        "): give --tcpstore_listen=HOST:PORT, or drop --tcpstore_advertise")));
-  }
-  options.tcpstore_allow = absl::GetFlag(FLAGS_tcpstore_allow);
-  options.tcpstore_prefix = absl::GetFlag(FLAGS_tcpstore_prefix);
-  if (!options.auth_tokens.empty() && !options.tcpstore_require_token &&
-      !options.tcpstore_listen.empty() && options.tcpstore_prefix.empty()) {
-    return Fail(absl::InvalidArgumentError(
-        "--tcpstore_require_token=false without --tcpstore_prefix would let "
-        "every TCPStore client --tcpstore_allow admits read and write every "
-        "job's keys and read cohortd's records, around --auth_tokens: give "
-        "--tcpstore_prefix=DIR/ to confine anonymous clients to it, or keep "
-        "--tcpstore_require_token (cohortrun's node proxy sends its workers' "
-        "token)"));
-  }
-  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  options.max_connections = RaiseFdLimit(absl::GetFlag(FLAGS_max_connections));
-  options.tcpstore_max_unsent_bytes_total =
-      absl::GetFlag(FLAGS_tcpstore_max_unsent_bytes_total);
-  options.tcpstore_max_queue_bytes =
-      absl::GetFlag(FLAGS_tcpstore_max_queue_bytes);
-  options.tcpstore_spin = absl::GetFlag(FLAGS_tcpstore_spin);
-  options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);
-  options.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
-  options.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
-  options.log = [](absl::string_view line) { Log(std::string(line)); };
-  options.store_service.watch_buffer_bytes =
-      absl::GetFlag(FLAGS_watch_buffer_bytes);
-  options.quotas = {.queue_bytes = absl::GetFlag(FLAGS_quota_queue_bytes),
-                    .waits = absl::GetFlag(FLAGS_quota_waits),
-                    .waited_keys = absl::GetFlag(FLAGS_quota_waited_keys),
-                    .watch_streams = absl::GetFlag(FLAGS_quota_watch_streams),
-                    .connections = absl::GetFlag(FLAGS_quota_connections)};
-  auto server = cohort::server::CohortServer::Start(std::move(store), options);
+  absl::StatusOr<cohort::server::ServerOptions> options =
+      ServerOptionsFromFlags(engine_name, tcpstore_explicit);
+  if (!options.ok()) return Fail(options.status());
+  auto server = cohort::server::CohortServer::Start(std::move(store), *options);
   if (!server.ok()) return Fail(server.status());
-
-  std::string host = options.listen.substr(0, options.listen.rfind(':'));
-  Log(absl::StrFormat(
-      "serving cohort.v1.Store on %s:%d; store: %s; %d keys at revision %d",
-      host, (*server)->port(), where, keys, revision));
-  if ((*server)->tcpstore_port() != 0) {
-    const std::string& t = options.tcpstore_listen;
-    Log(absl::StrFormat(
-        "serving the TCPStore protocol on %s:%d (PyTorch "
-        "1.13-2.0 and 2.1+ clients)%s%s",
-        t.substr(0, t.rfind(':')), (*server)->tcpstore_port(),
-        options.tcpstore_advertise.empty()
-            ? ""
-            : absl::StrCat("; clients are told to dial ",
-                           options.tcpstore_advertise),
-        !options.auth_tokens.empty() && options.tcpstore_require_token
-            ? "; each connection needs a token hello "
-              "(cohortrun's node proxy)"
-            : ""));
-  }
-
-  if ((*server)->health_port() != 0) {
-    const std::string& h = options.health_listen;
-    Log(absl::StrFormat("serving grpc.health.v1 in plaintext on %s:%d",
-                        h.substr(0, h.rfind(':')), (*server)->health_port()));
-  }
-  if ((*server)->metrics_port() != 0) {
-    const std::string& m = options.metrics_listen;
-    const std::string metrics_host = m.substr(0, m.rfind(':'));
-    Log(absl::StrFormat("serving Prometheus metrics on http://%s:%d/metrics",
-                        metrics_host.empty() ? "0.0.0.0" : metrics_host,
-                        (*server)->metrics_port()));
-  }
-
-  int signal = 0;
-  for (;;) {
-    sigwait(&stop_signals, &signal);
-    if (signal != SIGHUP) break;
-    absl::Status reloaded = (*server)->Reload();
-    Log(reloaded.ok() ? std::string("SIGHUP: reloaded")
-                      : absl::StrCat("SIGHUP: reload failed: ",
-                                     reloaded.message()));
-  }
-  Log(absl::StrCat("received ", signal == SIGTERM ? "SIGTERM" : "SIGINT",
-                   "; draining: refusing new calls, ending waiters with "
-                   "UNAVAILABLE, giving calls in flight ",
-                   absl::FormatDuration(absl::GetFlag(FLAGS_shutdown_grace))));
-  absl::Status drained = (*server)->Drain(absl::GetFlag(FLAGS_shutdown_grace));
-  const int64_t final_revision = (*server)->store().revision();
-  server->reset();
-  if (absl::IsResourceExhausted(drained)) {
-    // The memtable could not be flushed to a full disk; the write-ahead log
-    // already holds every acknowledged write.
-    Log(absl::StrCat("stopped at revision ", final_revision,
-                     " without "
-                     "flushing to disk (",
-                     drained.message(),
-                     "); every "
-                     "acknowledged write is in the write-ahead log and is "
-                     "replayed at the next start"));
-    return 0;
-  }
-  if (!drained.ok()) return Fail(drained);
-  Log(absl::StrCat("stopped cleanly at revision ", final_revision));
-  return 0;
+  LogServing(**server, *options, opened->where, keys, revision);
+  return ServeUntilStopped(std::move(*server), stop_signals);
 }

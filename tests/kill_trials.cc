@@ -18,7 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "base/grpc_status.h"
+#include "proto/rpc/grpc_status.h"
 #include "cohort/v1/store.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "tests/cohortd_process.h"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fault campaign's CI step (README, "Fault campaign"), after the normal
+# The fault campaign's CI step (docs/operating.md, "Fault campaign"), after the normal
 # suite:
 #   asan  every test under AddressSanitizer + UndefinedBehaviorSanitizer
 #   tsan  the concurrency-heavy tests under ThreadSanitizer
@@ -37,22 +37,24 @@ done
 # gRPC in one process, and the collectives (thread-driven ops, forked Gloo
 # ranks, DDP and FSDP, the NCCL backend's watchdog and engine over the fake
 # NCCL, DDP and FSDP on its device memory). The tests that drive cohortd as a subprocess run
-# under ASan only: see the README for why.
+# under ASan only: see docs/operating.md for why.
 tsan_targets=(
   //store:all
-  //server:rendezvous_test
-  //server:membership_test
-  //server:tcpstore_server_test
-  //server:auth_test
+  //server/coordination:rendezvous_test
+  //server/coordination:membership_test
+  //server/tcpstore:tcpstore_server_test
+  //server/auth:auth_test
   //tests:auth_test
-  //client:tcpstore_proxy_test
+  //worker/launch:tcpstore_proxy_test
   //tests:remote_store_test
   //client:file_store_test
   //worker/collective:process_group_test
   //worker/collective:op_engine_test
   //worker/collective/gloo:gloo_process_group_test
   //worker/collective/gloo:gloo_store_test
-  //worker/collective/shm:shm_group_test
+  //worker/collective/gloo/shm:futex_barrier_test
+  //worker/collective/gloo/shm:segment_test
+  //worker/collective/gloo/shm:shm_group_test
   //worker/parallel:ddp_test
   //worker/parallel:fsdp_test
   //worker/collective/nccl:watched_comm_test

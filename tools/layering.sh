@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Proves that the build enforces cohort's layering (../shared/STYLE.md,
-# README "Layout"): dependencies point one way,
+# docs/architecture.md): dependencies point one way,
 #   server -> store -> base      client -> proto -> base
 #   server -> proto              worker -> client
-# and inside worker/: parallel -> collective; launch stands alone.
+#   store -> proto (the c10d rules only)
+# and inside server/: rpc, tcpstore and metrics over coordination and auth;
+# coordination, store/, base/ and the data plane never reach gRPC.
+# and inside worker/: parallel -> collective, torch -> collective/init ->
+# {gloo, nccl} -> collective; launch stands alone.
 #
 # 1. No library or binary reaches a room it must not, even through others
 #    (bazel query; tests may cross rooms, so testonly targets are left out).
@@ -58,6 +62,32 @@ for room in //worker/collective/... //worker/parallel/...; do
   no_path //worker/launch/... "$room"
 done
 
+# worker/collective: the API and engine reach no backend and not the
+# factory; the backends reach neither the factory (no package cycle) nor
+# each other; DDP/FSDP reach no backend but through the factory.
+for backend in //worker/collective/gloo/... //worker/collective/nccl/... \
+  //worker/collective/init/...; do
+  no_path //worker/collective:all "$backend"
+done
+for backend in //worker/collective/gloo/... //worker/collective/nccl/...; do
+  no_path "$backend" //worker/collective/init/...
+  no_path //worker/parallel:all "$backend"
+done
+no_path //worker/collective/gloo/... //worker/collective/nccl/...
+no_path //worker/collective/nccl/... //worker/collective/gloo/...
+
+# gRPC stays in the rooms that speak it (server/rpc, server/auth,
+# server/metrics, server/ha, cohortd's composition, client/, proto/): the
+# storage engines, base/, the coordination state machines and the data
+# plane (the collective engine, its backends, DDP/FSDP, the torch backend)
+# never link it. Only what dials cohortd does, through client/: the
+# launcher, and InitProcessGroup's cohort:// init method.
+for room in //base/... //store/... //server/coordination/... \
+  //worker/collective:all //worker/collective/gloo/... \
+  //worker/collective/nccl/... //worker/parallel:all //worker/torch/...; do
+  no_path "$room" //third_party:grpc
+done
+
 # Probe packages live only while this script runs.
 probes=()
 cleanup() { ((${#probes[@]})) && rm -rf "${probes[@]}"; return 0; }
@@ -86,10 +116,10 @@ EOF
   rm -rf "$dir"
 }
 
-probe store //server:store_service no
+probe store //server/rpc:store_service no
 probe store //client:store no
 probe client //store:kv_store no
-probe client //server:membership no
+probe client //server/coordination:membership no
 probe worker/collective //store:kv_store no
 probe worker/parallel //server:cohort_server no
 probe worker/collective //proto:store_cc_proto no
@@ -99,6 +129,24 @@ probe base //client:store no
 probe proto //store:kv_store no
 probe server //client:remote_store no
 probe server //store:kv_store yes
+probe store //third_party:grpc no
+probe base //third_party:grpc no
+probe server/coordination //third_party:grpc no
+probe server/coordination //server/rpc:coordination_slot no
+probe server/tcpstore //server/rpc:store_service no
+probe worker/collective //third_party:grpc no
+probe worker/launch //third_party:grpc no
+probe server/rpc //third_party:grpc yes
+probe server/rpc //server/coordination:membership yes
+probe worker/torch //worker/collective/gloo:gloo_process_group no
+probe worker/torch //worker/collective/nccl:nccl_process_group no
+probe worker/torch //worker/collective/init:backend_factory yes
+probe worker/collective //worker/collective/gloo:gloo_process_group no
+probe worker/collective //worker/collective/nccl:nccl_backend no
+probe worker/parallel //worker/collective/gloo:gloo_process_group no
+probe worker/collective/init //worker/collective/gloo/shm:shm_group no
+probe worker/launch //worker/collective/init no
+probe tests //worker/collective/gloo:gloo_process_group no
 
 if ((failures)); then
   echo "layering: $failures check(s) failed" >&2

@@ -1,7 +1,7 @@
-// auth_decision_fuzz: cohortd's authorization decision (server/auth.h's
+// auth_decision_fuzz: cohortd's authorization decision (server/auth/auth.h's
 // Covers, CoversKey, CheckAccess and NarrowPrefix) checked against a model
 // written from the rules users are promised (proto/cohort/v1/auth.proto and
-// README's Tokens section), not from auth.cc.
+// docs/security.md's Tokens section), not from auth.cc.
 //
 // The input picks a grant (r, rw or admin), then names: listing prefixes
 // and keys, most of them the grant's prefix edited the way one job's name
@@ -53,7 +53,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "cohort/v1/auth.pb.h"
-#include "server/auth.h"
+#include "server/auth/auth.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace cohort::server {

@@ -2,7 +2,7 @@
 //
 // The input is a program of KvStore calls. Each call's result is checked
 // against a plain std::map and a list of changes that implement the
-// documented rules (README's tables, proto/cohort/v1/store.proto,
+// documented rules (docs/store-api.md, proto/cohort/v1/store.proto,
 // store/kv_store.h) in the simplest way: values; c10d's compare_set; add's
 // FAILED_PRECONDITION and OUT_OF_RANGE; INVALID_ARGUMENT for every limit;
 // one revision per mutation, and none for a call that changes nothing;
@@ -372,8 +372,8 @@ class Harness {
     }
     const CompareSetResult& got = ExpectOk(r);
     std::optional<std::string> current = model_.Get(key);
-    // README: missing+empty writes; missing+non-empty returns expected;
-    // equal writes; anything else returns the current value.
+    // docs/store-api.md: missing+empty writes; missing+non-empty returns
+    // expected; equal writes; anything else returns the current value.
     const bool writes = current ? *current == expected : expected.empty();
     if (writes) model_.Commit({{key, desired}});
     const std::string returned = writes ? desired : current.value_or(expected);
