@@ -66,7 +66,7 @@ ABSL_FLAG(std::string, transport, "shm",
           "default); tcp: loopback TCP only, as torch-gloo; hosts:N: the "
           "ranks spread over N simulated hosts (rank % N), AllReduce "
           "hierarchical");
-ABSL_FLAG(int64_t, shm_slot_bytes, 1 << 20, "GlooOptions::shm_slot_bytes");
+ABSL_FLAG(int64_t, shm_slot_bytes, 1 << 20, "GlooOptions::shm.slot_bytes");
 
 namespace cohort::bench {
 namespace {
@@ -166,9 +166,10 @@ absl::Status RunRank(const Config& config, int rank) {
   options.group.timeout = absl::Seconds(120);
   options.bind_address = "127.0.0.1";
   options.store_prefix = "collectives_bench";
-  options.shared_memory = config.shared_memory;
-  options.shm_slot_bytes = config.shm_slot_bytes;
-  if (config.hosts > 1) options.host_id = absl::StrCat("host", rank % config.hosts);
+  options.shm.enabled = config.shared_memory;
+  options.shm.slot_bytes = config.shm_slot_bytes;
+  if (config.hosts > 1)
+    options.shm.host_id = absl::StrCat("host", rank % config.hosts);
   const absl::Time init_start = absl::Now();
   absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
       GlooProcessGroup::Create(std::move(*store), rank, config.world, options);

@@ -31,7 +31,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "worker/collective/init.h"
+#include "worker/collective/init/init.h"
 #include "worker/collective/nccl/nccl_process_group.h"
 
 ABSL_FLAG(std::string, ops, "all_reduce,all_gather,reduce_scatter,broadcast",

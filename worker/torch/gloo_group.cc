@@ -1,5 +1,6 @@
 // CreateGlooGroup in this binary, over Debian's libgloo (gloo_group.h says
-// which module links it in and which loads it).
+// which module links it in and which loads it): the backend factory's
+// "gloo" group, as any user creates it.
 #include "worker/torch/gloo_group.h"
 
 #include <dlfcn.h>
@@ -13,32 +14,29 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gloo/transport/tcp/device.h"
-#include "worker/collective/gloo/gloo_process_group.h"
+#include "worker/collective/init/backend_factory.h"
 
 namespace cohort {
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooGroup(
     std::shared_ptr<Store> store, int rank, int size, absl::Duration timeout) {
-  GlooOptions options;
+  InitOptions options;
   options.group.timeout = timeout;
-  options.store_prefix = "cohort";
+  options.gloo.store_prefix = "cohort";
   // torch's knob for the interface Gloo listens on, honoured the same way.
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
     std::vector<std::string> names = absl::StrSplit(ifname, ',');
-    options.interface = names[0];
+    options.gloo.interface = names[0];
   }
   if (const char* verify = std::getenv("COHORT_VERIFY_OPS")) {
     options.group.verify_ops = std::string(verify) != "0";
   }
   // Ranks of one host share memory unless COHORT_SHARED_MEMORY=0;
-  // COHORT_HOST_ID (read by GlooProcessGroup) says which host a rank is on.
+  // COHORT_HOST_ID (read by the Gloo backend) says which host a rank is on.
   if (const char* shm = std::getenv("COHORT_SHARED_MEMORY")) {
-    options.shared_memory = std::string(shm) != "0";
+    options.gloo.shm.enabled = std::string(shm) != "0";
   }
-  absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
-      GlooProcessGroup::Create(std::move(store), rank, size, options);
-  if (!group.ok()) return group.status();
-  return std::unique_ptr<ProcessGroup>(*std::move(group));
+  return CreateProcessGroup("gloo", std::move(store), rank, size, options);
 }
 
 namespace {

@@ -1,15 +1,17 @@
-// CreateGlooGroup: the cohort group under the torch backend "cohort", a
-// GlooProcessGroup (worker/collective/gloo) configured from the environment
-// the way torch users configure torch's own gloo backend.
+// CreateGlooGroup: the cohort group under the torch backend "cohort", the
+// backend factory's "gloo" group (worker/collective/init/backend_factory.h)
+// configured from the environment the way torch users configure torch's own
+// gloo backend.
 //
 // Two implementations, one per torch:
 //  - gloo_group.cc creates the group in this binary, linked against
 //    Debian's libgloo. The PyTorch 1.13 module does this: Debian's libtorch
 //    1.13 links the same libgloo, so a process has one Gloo.
 //  - gloo_group_loader.cc (the PyTorch 2.x module) loads libcohort_gloo.so,
-//    which holds gloo_group.cc and everything under it, from the module's
-//    folder, and calls it. Why: torch 2.x wheels carry their own, newer Gloo
-//    inside libtorch_cpu.so, with its functions exported (340 symbols of
+//    which holds gloo_group.cc and everything under it (the backend
+//    factory and the backends), from the module's folder, and calls it
+//    (the factory runs inside it). Why: torch 2.x wheels carry their own, newer
+//    Gloo inside libtorch_cpu.so, with its functions exported (340 symbols of
 //    namespace gloo in 2.11), unversioned, under the same mangled names as
 //    Debian's libgloo. The dynamic linker binds each name to the first
 //    definition it finds, and the module links libtorch_cpu.so, so calls meant
@@ -38,7 +40,7 @@ namespace cohort {
 // the environment: GLOO_SOCKET_IFNAME (the first interface named; torch's
 // knob), COHORT_VERIFY_OPS=0 (no cross-rank check of each op),
 // COHORT_SHARED_MEMORY=0 (TCP between ranks of one host too) and
-// COHORT_HOST_ID (which ranks share a host; GlooOptions::host_id).
+// COHORT_HOST_ID (which ranks share a host; GlooOptions::shm.host_id).
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooGroup(
     std::shared_ptr<Store> store, int rank, int size, absl::Duration timeout);
 

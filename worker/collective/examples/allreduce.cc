@@ -5,7 +5,7 @@
 //       -- bazel-bin/worker/collective/examples/allreduce
 #include <cstdio>
 
-#include "worker/collective/init.h"
+#include "worker/collective/init/init.h"
 
 int main() {
   absl::StatusOr<std::unique_ptr<cohort::ProcessGroup>> pg =

@@ -193,6 +193,89 @@ std::string HostId(const std::string& configured) {
   return absl::StrCat(name, "/", boot);
 }
 
+absl::Status Annotated(absl::string_view where, absl::string_view what,
+                       const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat(where, what, status.message()));
+}
+
+// Every rank's host id, by rank: publishes this rank's `host` under
+// host/RANK in `store` (the group's prefix) and waits for the others'.
+absl::StatusOr<std::vector<std::string>> ExchangeHosts(
+    Store& store, int rank, int size, const std::string& host,
+    absl::Duration timeout, absl::string_view where) {
+  absl::Status published = store.Set(absl::StrCat("host/", rank), host);
+  if (!published.ok()) {
+    return Annotated(where, "publishing its host: ", published);
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(absl::StrCat("host/", r));
+  absl::StatusOr<std::vector<std::string>> hosts =
+      store.MultiGet(keys, timeout);
+  if (!hosts.ok()) {
+    return Annotated(where, "waiting for every rank's host (keys host/RANK): ",
+                     hosts.status());
+  }
+  return hosts;
+}
+
+// The shared-memory group of the ranks `local` (this host's, in order, with
+// `rank` among them), or null when the whole group is on this host and the
+// segment could not be set up there: every rank learns that alike, and all
+// stay on TCP.
+absl::StatusOr<std::unique_ptr<ShmGroup>> ShareMemory(
+    Store& store, int rank, const std::vector<int>& local, bool whole_group,
+    const GlooOptions& options, const std::string& host,
+    absl::string_view where) {
+  ShmGroupOptions shm;
+  shm.timeout = options.group.timeout;
+  shm.slot_bytes = options.shm.slot_bytes;
+  shm.group_ranks = local;
+  const int local_rank = static_cast<int>(
+      std::find(local.begin(), local.end(), rank) - local.begin());
+  absl::StatusOr<std::unique_ptr<ShmGroup>> group =
+      ShmGroup::Create(store, absl::StrCat("shm/", local[0]), local_rank,
+                       static_cast<int>(local.size()), shm);
+  if (!group.ok() && whole_group && ShmGroup::IsSetupFailure(group.status())) {
+    if (rank == 0) {
+      std::fprintf(stderr,
+                   "cohort: gloo process group '%s': no shared memory, "
+                   "using loopback TCP: %s\n",
+                   options.store_prefix.c_str(),
+                   std::string(group.status().message()).c_str());
+    }
+    return std::unique_ptr<ShmGroup>();
+  }
+  if (!group.ok()) {
+    return Annotated(
+        where,
+        absl::StrCat("shared memory with ranks ", absl::StrJoin(local, ", "),
+                     " of host '", host, "': "),
+        group.status());
+  }
+  return group;
+}
+
+// Leader `leader` of `leaders` (each host's first rank) connects to the
+// others under "leaders" in `store` (the group's prefix).
+absl::StatusOr<std::shared_ptr<gloo::Context>> ConnectLeaders(
+    const std::shared_ptr<Store>& store, int leader, int leaders,
+    const GlooOptions& options, std::shared_ptr<gloo::transport::Device> device,
+    absl::string_view where) {
+  GlooStore leader_store(std::make_shared<PrefixStore>("leaders", store),
+                         options.group.timeout);
+  try {
+    auto context = std::make_shared<gloo::rendezvous::Context>(leader, leaders);
+    context->setTimeout(ToMillis(options.group.timeout));
+    context->connectFullMesh(leader_store, device);
+    return std::shared_ptr<gloo::Context>(std::move(context));
+  } catch (const std::exception& e) {
+    absl::Status error = leader_store.TakeError();
+    return Annotated(where, "connecting to the other hosts' leaders: ",
+                     error.ok() ? absl::UnavailableError(e.what()) : error);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
@@ -253,25 +336,14 @@ absl::StatusOr<GlooProcessGroup::Locality> GlooProcessGroup::FindLocality(
     const GlooOptions& options,
     std::shared_ptr<gloo::transport::Device> device) {
   Locality locality;
-  if (!options.shared_memory || size == 1) return locality;
+  if (!options.shm.enabled || size == 1) return locality;
   const std::string where =
       absl::StrCat("gloo process group '", options.store_prefix, "': rank ",
                    rank, " of ", size, ": ");
-  auto failed = [&](absl::string_view what, const absl::Status& status) {
-    return absl::Status(status.code(),
-                        absl::StrCat(where, what, status.message()));
-  };
-  const std::string host = HostId(options.host_id);
-  absl::Status published = store->Set(absl::StrCat("host/", rank), host);
-  if (!published.ok()) return failed("publishing its host: ", published);
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(absl::StrCat("host/", r));
+  const std::string host = HostId(options.shm.host_id);
   absl::StatusOr<std::vector<std::string>> hosts =
-      store->MultiGet(keys, options.group.timeout);
-  if (!hosts.ok()) {
-    return failed("waiting for every rank's host (keys host/RANK): ",
-                  hosts.status());
-  }
+      ExchangeHosts(*store, rank, size, host, options.group.timeout, where);
+  if (!hosts.ok()) return hosts.status();
   std::vector<int> local;    // The ranks on this host, in order.
   std::vector<int> leaders;  // Each host's first rank, in order.
   for (int r = 0; r < size; ++r) {
@@ -282,54 +354,23 @@ absl::StatusOr<GlooProcessGroup::Locality> GlooProcessGroup::FindLocality(
     }
   }
   locality.whole_group = local.size() == static_cast<size_t>(size);
-  locality.hierarchical = !locality.whole_group && leaders.size() <
-                                                       static_cast<size_t>(size);
+  locality.hierarchical =
+      !locality.whole_group && leaders.size() < static_cast<size_t>(size);
   if (local.size() > 1) {
-    ShmGroupOptions shm;
-    shm.timeout = options.group.timeout;
-    shm.slot_bytes = options.shm_slot_bytes;
-    shm.group_ranks = local;
-    const int local_rank = static_cast<int>(
-        std::find(local.begin(), local.end(), rank) - local.begin());
-    absl::StatusOr<std::unique_ptr<ShmGroup>> group =
-        ShmGroup::Create(*store, absl::StrCat("shm/", local[0]), local_rank,
-                         static_cast<int>(local.size()), shm);
-    if (!group.ok() && locality.whole_group &&
-        ShmGroup::IsSetupFailure(group.status())) {
-      // Every rank of the group learnt it alike: all stay on TCP.
-      if (rank == 0) {
-        std::fprintf(stderr,
-                     "cohort: gloo process group '%s': no shared memory, "
-                     "using loopback TCP: %s\n",
-                     options.store_prefix.c_str(),
-                     std::string(group.status().message()).c_str());
-      }
-      return locality;
-    }
-    if (!group.ok()) {
-      return failed(absl::StrCat("shared memory with ranks ",
-                                 absl::StrJoin(local, ", "), " of host '",
-                                 host, "': "),
-                    group.status());
-    }
-    locality.shm = std::move(*group);
+    absl::StatusOr<std::unique_ptr<ShmGroup>> shm = ShareMemory(
+        *store, rank, local, locality.whole_group, options, host, where);
+    if (!shm.ok()) return shm.status();
+    // Null: no shared memory on this host; every rank stays on TCP.
+    if (*shm == nullptr) return locality;
+    locality.shm = std::move(*shm);
   }
   const auto leader = std::find(leaders.begin(), leaders.end(), rank);
   if (locality.hierarchical && leader != leaders.end()) {
-    GlooStore leader_store(std::make_shared<PrefixStore>("leaders", store),
-                           options.group.timeout);
-    try {
-      auto context = std::make_shared<gloo::rendezvous::Context>(
-          static_cast<int>(leader - leaders.begin()),
-          static_cast<int>(leaders.size()));
-      context->setTimeout(ToMillis(options.group.timeout));
-      context->connectFullMesh(leader_store, device);
-      locality.leaders = std::move(context);
-    } catch (const std::exception& e) {
-      absl::Status error = leader_store.TakeError();
-      return failed("connecting to the other hosts' leaders: ",
-                    error.ok() ? absl::UnavailableError(e.what()) : error);
-    }
+    absl::StatusOr<std::shared_ptr<gloo::Context>> context = ConnectLeaders(
+        store, static_cast<int>(leader - leaders.begin()),
+        static_cast<int>(leaders.size()), options, std::move(device), where);
+    if (!context.ok()) return context.status();
+    locality.leaders = std::move(*context);
   }
   return locality;
 }
@@ -477,16 +518,14 @@ std::shared_ptr<Work> GlooProcessGroup::Submit(CollectiveOp op, Body body) {
         /*checks_itself=*/true);
   }
   if (locality_.hierarchical && op.kind == OpKind::kAllReduce) {
-    return engine_.Submit(
-        std::move(op),
-        [this](const CollectiveOp& op, const OpEngine::OpRun& run) {
-          return HierarchicalAllReduce(op, run.tag);
-        });
+    return engine_.Submit(std::move(op), [this](const CollectiveOp& op,
+                                                const OpEngine::OpRun& run) {
+      return HierarchicalAllReduce(op, run.tag);
+    });
   }
   return engine_.Submit(
-      std::move(op),
-      [this, body = std::move(body)](const CollectiveOp& op,
-                                     const OpEngine::OpRun& run) {
+      std::move(op), [this, body = std::move(body)](
+                         const CollectiveOp& op, const OpEngine::OpRun& run) {
         return GlooCall(options_.group.timeout, [&] { body(op, run.tag); });
       });
 }
@@ -506,14 +545,13 @@ std::shared_ptr<Work> GlooProcessGroup::AllReduce(BufferView buffer,
                                                   ReduceOp op) {
   // Small buffers go direct, with the op's check beside the data.
   if (buffer.bytes() * (size_ - 1) <= kDirectMaxWireBytes) {
-    return SubmitChecked(CollectiveOp::AllReduce(buffer, op),
-                         [this](const CollectiveOp& op,
-                                const OpEngine::OpRun& run) {
-                           const BufferView& b = op.output;
-                           DirectAllReduce(*context_, b.data, b.count, b.dtype,
-                                           op.reduce, run.tag, timeout(),
-                                           run.check);
-                         });
+    return SubmitChecked(
+        CollectiveOp::AllReduce(buffer, op),
+        [this](const CollectiveOp& op, const OpEngine::OpRun& run) {
+          const BufferView& b = op.output;
+          DirectAllReduce(*context_, b.data, b.count, b.dtype, op.reduce,
+                          run.tag, timeout(), run.check);
+        });
   }
   return Submit(CollectiveOp::AllReduce(buffer, op),
                 [this](const CollectiveOp& op, uint32_t tag) {
@@ -550,13 +588,12 @@ std::shared_ptr<Work> GlooProcessGroup::Reduce(BufferView buffer, int root,
 std::shared_ptr<Work> GlooProcessGroup::AllGather(BufferView input,
                                                   BufferView output) {
   if (input.bytes() * (size_ - 1) <= kDirectMaxWireBytes) {
-    return SubmitChecked(CollectiveOp::AllGather(input, output),
-                         [this](const CollectiveOp& op,
-                                const OpEngine::OpRun& run) {
-                           DirectAllGather(*context_, op.input.data,
-                                           op.input.bytes(), op.output.data,
-                                           run.tag, timeout(), run.check);
-                         });
+    return SubmitChecked(
+        CollectiveOp::AllGather(input, output),
+        [this](const CollectiveOp& op, const OpEngine::OpRun& run) {
+          DirectAllGather(*context_, op.input.data, op.input.bytes(),
+                          op.output.data, run.tag, timeout(), run.check);
+        });
   }
   return Submit(CollectiveOp::AllGather(input, output),
                 [this](const CollectiveOp& op, uint32_t tag) {

@@ -9,7 +9,8 @@
 // gloo_ring.h's algorithms) and gloo's point-to-point buffers.
 //
 // Shared memory. At creation the ranks publish their host ids in the store.
-// Ranks that share a host (and shared_memory is on) map one segment:
+// Ranks that share a host (and shm.enabled is on) map one segment
+// (shm/shm_group.h, Gloo's transport among the ranks of a host):
 //  - a group on one host runs every collective over it, one op at a time in
 //    issue order (they are bound by memory bandwidth, so running two at once
 //    would only split it), and verify_ops costs no exchange: the check rides
@@ -43,11 +44,26 @@
 #include "gloo/context.h"
 #include "gloo/transport/device.h"
 #include "worker/collective/collective_op.h"
+#include "worker/collective/gloo/shm/shm_group.h"
 #include "worker/collective/op_engine.h"
 #include "worker/collective/process_group.h"
-#include "worker/collective/shm/shm_group.h"
 
 namespace cohort {
+
+// Shared memory among the ranks of one host (GlooOptions::shm).
+struct GlooShmOptions {
+  // Collectives among ranks of one host run over shared memory
+  // (shm/shm_group.h) instead of loopback TCP: all of them when the whole
+  // group is on one host, and AllReduce hierarchically otherwise (see the
+  // class comment). Send and Recv always use TCP.
+  bool enabled = true;
+  // Ranks with the same host id share memory. Empty: $COHORT_HOST_ID if
+  // set, else the host name and the kernel's boot id. Tests set it to
+  // simulate several hosts on one machine.
+  std::string host_id;
+  // ShmGroupOptions::slot_bytes.
+  size_t slot_bytes = size_t{1} << 20;
+};
 
 struct GlooOptions {
   ProcessGroupOptions group;
@@ -61,17 +77,8 @@ struct GlooOptions {
   // A network interface ("eth0") whose address to use instead; overrides
   // bind_address when set.
   std::string interface;
-  // Collectives among ranks of one host run over shared memory
-  // (shm/shm_group.h) instead of loopback TCP: all of them when the whole
-  // group is on one host, and AllReduce hierarchically otherwise (see the
-  // class comment). Send and Recv always use TCP.
-  bool shared_memory = true;
-  // Ranks with the same host id share memory. Empty: $COHORT_HOST_ID if
-  // set, else the host name and the kernel's boot id. Tests set it to
-  // simulate several hosts on one machine.
-  std::string host_id;
-  // ShmGroupOptions::slot_bytes.
-  size_t shm_slot_bytes = size_t{1} << 20;
+  // Shared memory with the ranks of the same host.
+  GlooShmOptions shm;
 };
 
 class GlooProcessGroup final : public ProcessGroup {

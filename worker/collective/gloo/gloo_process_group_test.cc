@@ -55,7 +55,7 @@ class Cohortd {
 
 // How the ranks of a test reach each other.
 enum class Transport {
-  kTcp,       // Loopback TCP only (shared_memory off).
+  kTcp,       // Loopback TCP only (shm.enabled off).
   kShm,       // One host: every collective over shared memory.
   kTwoHosts,  // Even and odd ranks on two simulated hosts: AllReduce
               // hierarchical (shared memory, then TCP among the leaders).
@@ -90,12 +90,12 @@ struct Rank {
     options.group.verify_ops = verify_ops;
     options.store_prefix = prefix;
     options.bind_address = "127.0.0.1";
-    options.shared_memory = transport != Transport::kTcp;
+    options.shm.enabled = transport != Transport::kTcp;
     // Small slots, so that the tests' buffers take many rounds.
-    options.shm_slot_bytes = 8192;
-    options.host_id = transport == Transport::kTwoHosts
-                          ? absl::StrCat("host", rank % 2)
-                          : "one host";
+    options.shm.slot_bytes = 8192;
+    options.shm.host_id = transport == Transport::kTwoHosts
+                              ? absl::StrCat("host", rank % 2)
+                              : "one host";
     return GlooProcessGroup::Create(store, rank, world, options);
   }
 };
@@ -445,9 +445,9 @@ class CohortdTest : public ::testing::Test {
 
 // Parameters: the world size, whether the ranks verify each op, and the
 // transport.
-class CollectivesTest : public CohortdTest,
-                        public ::testing::WithParamInterface<
-                            std::tuple<int, bool, Transport>> {};
+class CollectivesTest
+    : public CohortdTest,
+      public ::testing::WithParamInterface<std::tuple<int, bool, Transport>> {};
 
 TEST_P(CollectivesTest, MatchTheReferenceForEveryDtypeAndOp) {
   const auto [world, verify_ops, transport] = GetParam();
@@ -474,59 +474,65 @@ INSTANTIATE_TEST_SUITE_P(
 class TransportTest : public CohortdTest,
                       public ::testing::WithParamInterface<Transport> {};
 
-INSTANTIATE_TEST_SUITE_P(
-    Transports, TransportTest,
-    ::testing::Values(Transport::kTcp, Transport::kShm, Transport::kTwoHosts),
-    [](const auto& info) { return TransportName(info.param); });
+INSTANTIATE_TEST_SUITE_P(Transports, TransportTest,
+                         ::testing::Values(Transport::kTcp, Transport::kShm,
+                                           Transport::kTwoHosts),
+                         [](const auto& info) {
+                           return TransportName(info.param);
+                         });
 
 // Buffers past gloo's 1 MiB segment and many ops in flight at once.
 TEST_P(TransportTest, LargeBuffersWithManyOpsInFlight) {
-  RunRanks(3, 3, [](const Rank& r) -> absl::Status {
-    absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group = r.NewGroup();
-    if (!group.ok()) return group.status();
-    constexpr size_t kCount = (1 << 20) + 3;
-    constexpr size_t kBlock = 100003;
-    std::vector<float> f32(kCount);
-    std::vector<BFloat16> bf16(kCount);
-    std::vector<int64_t> i64(kBlock * r.world);
-    std::vector<int64_t> block(kBlock);
-    for (size_t i = 0; i < kCount; ++i) {
-      f32[i] = static_cast<float>(i % 7 + r.rank);
-      bf16[i] = FloatToBFloat16(static_cast<float>(i % 5 + r.rank));
-    }
-    for (size_t i = 0; i < i64.size(); ++i) i64[i] = i * (r.rank + 1);
-    std::vector<std::shared_ptr<Work>> works = {
-        (*group)->AllReduce(BufferView::Of(f32.data(), kCount), ReduceOp::kSum),
-        (*group)->AllReduce(BufferView::Of(bf16.data(), kCount),
-                            ReduceOp::kMax),
-        (*group)->ReduceScatter(BufferView::Of(i64.data(), i64.size()),
-                                BufferView::Of(block.data(), kBlock),
+  RunRanks(
+      3, 3,
+      [](const Rank& r) -> absl::Status {
+        absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group = r.NewGroup();
+        if (!group.ok()) return group.status();
+        constexpr size_t kCount = (1 << 20) + 3;
+        constexpr size_t kBlock = 100003;
+        std::vector<float> f32(kCount);
+        std::vector<BFloat16> bf16(kCount);
+        std::vector<int64_t> i64(kBlock * r.world);
+        std::vector<int64_t> block(kBlock);
+        for (size_t i = 0; i < kCount; ++i) {
+          f32[i] = static_cast<float>(i % 7 + r.rank);
+          bf16[i] = FloatToBFloat16(static_cast<float>(i % 5 + r.rank));
+        }
+        for (size_t i = 0; i < i64.size(); ++i) i64[i] = i * (r.rank + 1);
+        std::vector<std::shared_ptr<Work>> works = {
+            (*group)->AllReduce(BufferView::Of(f32.data(), kCount),
                                 ReduceOp::kSum),
-        (*group)->Barrier(),
-    };
-    for (const std::shared_ptr<Work>& work : works) {
-      RETURN_IF_ERROR(WaitOk(work, "large op"));
-    }
-    for (size_t i = 0; i < kCount; ++i) {
-      // Ranks 0, 1 and 2 add 0 + 1 + 2 to three times i % 7.
-      if (f32[i] != static_cast<float>(3 * (i % 7) + 3)) {
-        return absl::InternalError(
-            absl::StrCat("f32 element ", i, " is ", f32[i]));
-      }
-      if (BFloat16ToFloat(bf16[i]) != static_cast<float>(i % 5 + 2)) {
-        return absl::InternalError(absl::StrCat("bf16 element ", i));
-      }
-    }
-    for (size_t i = 0; i < kBlock; ++i) {
-      // Rank k contributed (k + 1) * index: 1 + 2 + 3 = 6 times the index.
-      const int64_t index = r.rank * kBlock + i;
-      if (block[i] != 6 * index) {
-        return absl::InternalError(
-            absl::StrCat("i64 element ", i, " is ", block[i]));
-      }
-    }
-    return absl::OkStatus();
-  }, GetParam());
+            (*group)->AllReduce(BufferView::Of(bf16.data(), kCount),
+                                ReduceOp::kMax),
+            (*group)->ReduceScatter(BufferView::Of(i64.data(), i64.size()),
+                                    BufferView::Of(block.data(), kBlock),
+                                    ReduceOp::kSum),
+            (*group)->Barrier(),
+        };
+        for (const std::shared_ptr<Work>& work : works) {
+          RETURN_IF_ERROR(WaitOk(work, "large op"));
+        }
+        for (size_t i = 0; i < kCount; ++i) {
+          // Ranks 0, 1 and 2 add 0 + 1 + 2 to three times i % 7.
+          if (f32[i] != static_cast<float>(3 * (i % 7) + 3)) {
+            return absl::InternalError(
+                absl::StrCat("f32 element ", i, " is ", f32[i]));
+          }
+          if (BFloat16ToFloat(bf16[i]) != static_cast<float>(i % 5 + 2)) {
+            return absl::InternalError(absl::StrCat("bf16 element ", i));
+          }
+        }
+        for (size_t i = 0; i < kBlock; ++i) {
+          // Rank k contributed (k + 1) * index: 1 + 2 + 3 = 6 times the index.
+          const int64_t index = r.rank * kBlock + i;
+          if (block[i] != 6 * index) {
+            return absl::InternalError(
+                absl::StrCat("i64 element ", i, " is ", block[i]));
+          }
+        }
+        return absl::OkStatus();
+      },
+      GetParam());
 }
 
 TEST_F(CohortdTest, SendRecvRingMatchesByTag) {
@@ -575,35 +581,39 @@ TEST_F(CohortdTest, MissingRankTimesOutAtCreation) {
 }
 
 TEST_P(TransportTest, PeerThatSkipsAnOpTimesOutAndBreaksTheGroup) {
-  RunRanks(2, 2, [](const Rank& r) -> absl::Status {
-    absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
-        r.NewGroup(absl::Seconds(1));
-    if (!group.ok()) return group.status();
-    if (r.rank == 1) {
-      // Stays connected but never joins the AllReduce.
-      return r.store->Get(r.prefix + "/rank0_done", absl::Seconds(20))
-          .status();
-    }
-    float value = 1;
-    absl::Status status =
-        (*group)
-            ->AllReduce(BufferView::Of(&value, 1), ReduceOp::kSum)
-            ->Wait(kWait);
-    absl::Status after = (*group)->Barrier()->Wait(kWait);
-    RETURN_IF_ERROR(r.store->Set(r.prefix + "/rank0_done", "1"));
-    if (status.code() != absl::StatusCode::kDeadlineExceeded ||
-        !absl::StrContains(status.message(), "AllReduce")) {
-      return absl::InternalError(absl::StrCat(
-          "want DEADLINE_EXCEEDED naming AllReduce, got ", status.ToString()));
-    }
-    if (after.code() != absl::StatusCode::kFailedPrecondition) {
-      return absl::InternalError(
-          absl::StrCat("want FAILED_PRECONDITION after the timeout, got ",
-                       after.ToString()));
-    }
-    std::fprintf(stderr, "as expected: %s\n", status.ToString().c_str());
-    return absl::OkStatus();
-  }, GetParam());
+  RunRanks(
+      2, 2,
+      [](const Rank& r) -> absl::Status {
+        absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
+            r.NewGroup(absl::Seconds(1));
+        if (!group.ok()) return group.status();
+        if (r.rank == 1) {
+          // Stays connected but never joins the AllReduce.
+          return r.store->Get(r.prefix + "/rank0_done", absl::Seconds(20))
+              .status();
+        }
+        float value = 1;
+        absl::Status status =
+            (*group)
+                ->AllReduce(BufferView::Of(&value, 1), ReduceOp::kSum)
+                ->Wait(kWait);
+        absl::Status after = (*group)->Barrier()->Wait(kWait);
+        RETURN_IF_ERROR(r.store->Set(r.prefix + "/rank0_done", "1"));
+        if (status.code() != absl::StatusCode::kDeadlineExceeded ||
+            !absl::StrContains(status.message(), "AllReduce")) {
+          return absl::InternalError(
+              absl::StrCat("want DEADLINE_EXCEEDED naming AllReduce, got ",
+                           status.ToString()));
+        }
+        if (after.code() != absl::StatusCode::kFailedPrecondition) {
+          return absl::InternalError(
+              absl::StrCat("want FAILED_PRECONDITION after the timeout, got ",
+                           after.ToString()));
+        }
+        std::fprintf(stderr, "as expected: %s\n", status.ToString().c_str());
+        return absl::OkStatus();
+      },
+      GetParam());
 }
 
 absl::Status ExpectSum(ProcessGroup& pg, int32_t value, int32_t want,
@@ -625,14 +635,13 @@ TEST_F(CohortdTest, NoRoomInDevShmFallsBackToTcp) {
     options.group.timeout = absl::Seconds(20);
     options.store_prefix = r.prefix;
     options.bind_address = "127.0.0.1";
-    options.shm_slot_bytes = size_t{1} << 40;
+    options.shm.slot_bytes = size_t{1} << 40;
     absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
         GlooProcessGroup::Create(r.store, r.rank, r.world, options);
     if (!group.ok()) return group.status();
     return ExpectSum(**group, 1, 2, "over the fallback");
   });
 }
-
 
 TEST_F(CohortdTest, SubgroupsHaveTheirOwnRanks) {
   RunRanks(4, 4, [](const Rank& r) -> absl::Status {
@@ -672,87 +681,99 @@ TEST_F(CohortdTest, SubgroupsHaveTheirOwnRanks) {
 }
 
 TEST_P(TransportTest, DeadPeerFailsTheOpInsteadOfHanging) {
-  RunRanks(2, 2, [](const Rank& r) -> absl::Status {
-    absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
-        r.NewGroup(absl::Seconds(3));
-    if (!group.ok()) return group.status();
-    // Both ranks are fully connected before one dies: Create returning on
-    // one rank does not mean its peer has finished connecting.
-    if (absl::Status s = (*group)->Barrier()->Wait(kWait); !s.ok()) return s;
-    if (r.rank == 1) {
-      _exit(0);  // Dies with its connections open, without a goodbye.
-    }
-    absl::SleepFor(absl::Milliseconds(100));
-    float value = 1;
-    absl::Status status =
-        (*group)
-            ->AllReduce(BufferView::Of(&value, 1), ReduceOp::kSum)
-            ->Wait(kWait);
-    if (status.code() != absl::StatusCode::kUnavailable &&
-        status.code() != absl::StatusCode::kDeadlineExceeded) {
-      return absl::InternalError(absl::StrCat(
-          "want UNAVAILABLE or DEADLINE_EXCEEDED, got ", status.ToString()));
-    }
-    std::fprintf(stderr, "as expected: %s\n", status.ToString().c_str());
-    return absl::OkStatus();
-  }, GetParam());
+  RunRanks(
+      2, 2,
+      [](const Rank& r) -> absl::Status {
+        absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
+            r.NewGroup(absl::Seconds(3));
+        if (!group.ok()) return group.status();
+        // Both ranks are fully connected before one dies: Create returning on
+        // one rank does not mean its peer has finished connecting.
+        if (absl::Status s = (*group)->Barrier()->Wait(kWait); !s.ok())
+          return s;
+        if (r.rank == 1) {
+          _exit(0);  // Dies with its connections open, without a goodbye.
+        }
+        absl::SleepFor(absl::Milliseconds(100));
+        float value = 1;
+        absl::Status status =
+            (*group)
+                ->AllReduce(BufferView::Of(&value, 1), ReduceOp::kSum)
+                ->Wait(kWait);
+        if (status.code() != absl::StatusCode::kUnavailable &&
+            status.code() != absl::StatusCode::kDeadlineExceeded) {
+          return absl::InternalError(
+              absl::StrCat("want UNAVAILABLE or DEADLINE_EXCEEDED, got ",
+                           status.ToString()));
+        }
+        std::fprintf(stderr, "as expected: %s\n", status.ToString().c_str());
+        return absl::OkStatus();
+      },
+      GetParam());
 }
 
 // Over TCP a small AllReduce carries its check beside its data, while a
 // Barrier's is exchanged by the engine before it: the two still meet.
 TEST_P(TransportTest, AnOpCheckedInsideMeetsOneCheckedBefore) {
-  RunRanks(3, 3, [](const Rank& r) -> absl::Status {
-    absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group = r.NewGroup();
-    if (!group.ok()) return group.status();
-    std::vector<float> values(4, 1.0f);
-    absl::Status status =
-        r.rank == 2
-            ? (*group)->Barrier()->Wait(kWait)
-            : (*group)
-                  ->AllReduce(BufferView::Of(values.data(), values.size()),
-                              ReduceOp::kSum)
-                  ->Wait(kWait);
-    const std::string named = r.rank == 2
-                                  ? "rank 0 issued 'AllReduce SUM of 4 f32'"
-                                  : "rank 2 issued 'Barrier'";
-    if (status.code() != absl::StatusCode::kInvalidArgument ||
-        !absl::StrContains(status.message(), named)) {
-      return absl::InternalError(absl::StrCat(
-          "want INVALID_ARGUMENT naming ", named, ", got ", status.ToString()));
-    }
-    if (values != std::vector<float>(4, 1.0f)) {
-      return absl::InternalError("the AllReduce wrote its buffer");
-    }
-    return ExpectSum(**group, 1, 3, "after the mismatch");
-  }, GetParam());
+  RunRanks(
+      3, 3,
+      [](const Rank& r) -> absl::Status {
+        absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group = r.NewGroup();
+        if (!group.ok()) return group.status();
+        std::vector<float> values(4, 1.0f);
+        absl::Status status =
+            r.rank == 2
+                ? (*group)->Barrier()->Wait(kWait)
+                : (*group)
+                      ->AllReduce(BufferView::Of(values.data(), values.size()),
+                                  ReduceOp::kSum)
+                      ->Wait(kWait);
+        const std::string named = r.rank == 2
+                                      ? "rank 0 issued 'AllReduce SUM of 4 f32'"
+                                      : "rank 2 issued 'Barrier'";
+        if (status.code() != absl::StatusCode::kInvalidArgument ||
+            !absl::StrContains(status.message(), named)) {
+          return absl::InternalError(
+              absl::StrCat("want INVALID_ARGUMENT naming ", named, ", got ",
+                           status.ToString()));
+        }
+        if (values != std::vector<float>(4, 1.0f)) {
+          return absl::InternalError("the AllReduce wrote its buffer");
+        }
+        return ExpectSum(**group, 1, 3, "after the mismatch");
+      },
+      GetParam());
 }
 
 TEST_P(TransportTest, RanksThatDisagreeGetInvalidArgument) {
-  RunRanks(3, 3, [](const Rank& r) -> absl::Status {
-    absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group = r.NewGroup();
-    if (!group.ok()) return group.status();
-    std::vector<float> values(r.rank == 2 ? 3 : 4, 1.0f);
-    absl::Status status =
-        (*group)
-            ->AllReduce(BufferView::Of(values.data(), values.size()),
-                        ReduceOp::kSum)
-            ->Wait(kWait);
-    if (status.code() != absl::StatusCode::kInvalidArgument ||
-        !absl::StrContains(status.message(),
-                           r.rank == 2
-                               ? "rank 0 issued 'AllReduce SUM of 4 f32'"
-                               : "rank 2 issued 'AllReduce SUM of 3 f32'")) {
-      return absl::InternalError(
-          absl::StrCat("want INVALID_ARGUMENT naming the other count, got ",
-                       status.ToString()));
-    }
-    if (r.rank == 0) {
-      std::fprintf(stderr, "as expected: %s\n", status.ToString().c_str());
-    }
-    // The group stays usable: the disagreement was found before any data
-    // moved, on every rank at once.
-    return ExpectSum(**group, 1, 3, "after the mismatch");
-  }, GetParam());
+  RunRanks(
+      3, 3,
+      [](const Rank& r) -> absl::Status {
+        absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group = r.NewGroup();
+        if (!group.ok()) return group.status();
+        std::vector<float> values(r.rank == 2 ? 3 : 4, 1.0f);
+        absl::Status status =
+            (*group)
+                ->AllReduce(BufferView::Of(values.data(), values.size()),
+                            ReduceOp::kSum)
+                ->Wait(kWait);
+        if (status.code() != absl::StatusCode::kInvalidArgument ||
+            !absl::StrContains(
+                status.message(),
+                r.rank == 2 ? "rank 0 issued 'AllReduce SUM of 4 f32'"
+                            : "rank 2 issued 'AllReduce SUM of 3 f32'")) {
+          return absl::InternalError(
+              absl::StrCat("want INVALID_ARGUMENT naming the other count, got ",
+                           status.ToString()));
+        }
+        if (r.rank == 0) {
+          std::fprintf(stderr, "as expected: %s\n", status.ToString().c_str());
+        }
+        // The group stays usable: the disagreement was found before any data
+        // moved, on every rank at once.
+        return ExpectSum(**group, 1, 3, "after the mismatch");
+      },
+      GetParam());
 }
 
 // Argument checks need no peers: a group of one, in process.

@@ -184,6 +184,11 @@ uint64_t MakeSlot(uint8_t prefix, uint32_t tag, uint32_t step) {
 // share per hop, and the last block received is this rank's own, complete.
 // A segment received at step s is forwarded at step s + 1 as soon as it is
 // reduced, out of one of two accumulators (by step parity).
+// Long: about 110 lines on purpose: the setup and the steps share the
+// scratch and accumulator buffers, the parity of each, and which sends are
+// still in flight; cut apart, every piece would take all of that by
+// reference, and the pipeline would no longer read top to bottom, step by
+// step, as Gloo's own algorithms do (STYLE.md).
 void RingReduceScatter(gloo::Context& context, const void* input, void* output,
                        size_t block_count, Dtype dtype, ReduceOp op,
                        uint32_t tag, std::chrono::milliseconds timeout) {
@@ -298,6 +303,9 @@ void RingReduceScatter(gloo::Context& context, const void* input, void* output,
 // size - 1 .. 2 size - 3 the all-gather. Both use one rule: step s sends
 // block (rank - 1 - s) and receives block (rank - 2 - s), so the block
 // received at step s is the one sent at step s + 1, segment by segment.
+// Long: about 90 lines, for the reason RingReduceScatter is: its buffers,
+// the posted receives and the sends in flight are one pipeline's state,
+// read top to bottom.
 void RingAllReduce(gloo::Context& context, void* data, size_t count,
                    Dtype dtype, ReduceOp op, uint32_t tag,
                    std::chrono::milliseconds timeout) {
@@ -451,8 +459,8 @@ void DirectAllGather(gloo::Context& context, const void* input, size_t bytes,
       context.createUnboundBuffer(out, bytes * size);
   // Sent from the input itself, so that this rank's slot of the output is
   // written only once the check has passed.
-  std::unique_ptr<UnboundBuffer> source = context.createUnboundBuffer(
-      const_cast<void*>(input), bytes);
+  std::unique_ptr<UnboundBuffer> source =
+      context.createUnboundBuffer(const_cast<void*>(input), bytes);
   const uint64_t slot =
       MakeSlot(kDirectAllGatherSlotPrefix, tag, checked.salt());
   for (int r = 0; r < size; ++r) {

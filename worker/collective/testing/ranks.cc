@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/file_store.h"
 #include "gtest/gtest.h"
-#include "worker/collective/gloo/gloo_process_group.h"
+#include "worker/collective/init/backend_factory.h"
 
 namespace cohort::testing {
 namespace {
@@ -28,12 +28,12 @@ absl::Status RunRank(const std::string& store_path, int rank, int world,
   absl::StatusOr<std::unique_ptr<FileStore>> store =
       FileStore::Open(store_path);
   if (!store.ok()) return store.status();
-  GlooOptions options;
+  InitOptions options;
   options.group.timeout = absl::Seconds(30);
-  options.store_prefix = "ranks";
-  options.bind_address = "127.0.0.1";
-  absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
-      GlooProcessGroup::Create(std::move(*store), rank, world, options);
+  options.gloo.store_prefix = "ranks";
+  options.gloo.bind_address = "127.0.0.1";
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> group =
+      CreateProcessGroup("gloo", std::move(*store), rank, world, options);
   if (!group.ok()) return group.status();
   return main(std::shared_ptr<ProcessGroup>(std::move(*group)));
 }

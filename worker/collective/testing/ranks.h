@@ -19,10 +19,11 @@ namespace cohort::testing {
 
 using RankMain = std::function<absl::Status(std::shared_ptr<ProcessGroup>)>;
 
-// Forks `world` ranks; each creates its GlooProcessGroup (timeout 30 s,
-// verify_ops on) and runs `main`. Adds a gtest failure for every rank that
-// returns an error (printed by the rank on stderr), crashes, or is still
-// running after `limit` (then killed).
+// Forks `world` ranks; each creates its Gloo group through the backend
+// factory (CreateProcessGroup; timeout 30 s, verify_ops on) and runs
+// `main`. Adds a gtest failure for every rank that returns an error
+// (printed by the rank on stderr), crashes, or is still running after
+// `limit` (then killed).
 void RunRanks(int world, const RankMain& main,
               absl::Duration limit = absl::Seconds(90));
 

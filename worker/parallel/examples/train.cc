@@ -19,7 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "worker/collective/init.h"
+#include "worker/collective/init/init.h"
 #include "worker/parallel/examples/mlp.h"
 #include "worker/parallel/examples/trainer.h"
 

@@ -1,4 +1,4 @@
-#include "worker/collective/init.h"
+#include "worker/collective/init/init.h"
 
 #include <atomic>
 #include <cstdio>
@@ -14,8 +14,6 @@
 #include "client/prefix_store.h"
 #include "client/remote_store.h"
 #include "client/tcpstore_client.h"
-#include "worker/collective/gloo/gloo_process_group.h"
-#include "worker/collective/nccl/nccl_backend.h"
 
 namespace cohort {
 namespace {
@@ -202,10 +200,7 @@ std::function<void(const absl::Status&)> NodeErrorReporterFromEnv(int rank) {
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
     absl::string_view backend, absl::string_view init_method, int rank,
     int world_size, const InitOptions& options) {
-  if (backend != "gloo" && backend != "nccl") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown backend '", backend, "': this build has gloo and nccl"));
-  }
+  if (absl::Status known = CheckBackend(backend); !known.ok()) return known;
   const absl::Duration timeout = options.group.timeout;
   absl::StatusOr<Rendezvous> r =
       init_method == "env://" ? FromEnv(rank, world_size, timeout)
@@ -224,30 +219,16 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
   if (!arrivals.ok()) return arrivals.status();
   const int64_t generation = (*arrivals - 1) / r->world_size;
 
-  // Everything above serves every backend; from here on the backend named.
-  if (backend == "nccl") {
-    NcclOptions nccl;
-    nccl.group = options.group;
-    nccl.store_prefix = absl::StrCat("pg/", generation);
-    nccl.error_reporter = options.error_reporter != nullptr
-                              ? options.error_reporter
-                              : NodeErrorReporterFromEnv(r->rank);
-    absl::StatusOr<std::unique_ptr<NcclProcessGroup>> group =
-        CreateNcclProcessGroup(store, r->rank, r->world_size, nccl);
-    if (!group.ok()) return group.status();
-    return std::unique_ptr<ProcessGroup>(std::move(*group));
+  // Everything above serves every backend; the factory creates the one
+  // named.
+  InitOptions created = options;
+  created.gloo.store_prefix = absl::StrCat("pg/", generation);
+  created.nccl.store_prefix = created.gloo.store_prefix;
+  if (backend == "nccl" && created.nccl.error_reporter == nullptr) {
+    created.nccl.error_reporter = NodeErrorReporterFromEnv(r->rank);
   }
-  GlooOptions gloo;
-  gloo.group = options.group;
-  gloo.bind_address = options.bind_address;
-  gloo.interface = options.interface;
-  gloo.shared_memory = options.shared_memory;
-  gloo.host_id = options.host_id;
-  gloo.store_prefix = absl::StrCat("pg/", generation);
-  absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
-      GlooProcessGroup::Create(store, r->rank, r->world_size, gloo);
-  if (!group.ok()) return group.status();
-  return std::unique_ptr<ProcessGroup>(std::move(*group));
+  return CreateProcessGroup(backend, std::move(store), r->rank, r->world_size,
+                            created);
 }
 
 }  // namespace cohort

@@ -1,5 +1,5 @@
 // InitProcessGroup with every init method, ranks as forked processes.
-#include "worker/collective/init.h"
+#include "worker/collective/init/init.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -60,7 +60,7 @@ bool SumRanks(ProcessGroup& pg) {
 InitOptions Quick() {
   InitOptions options;
   options.group.timeout = absl::Seconds(20);
-  options.bind_address = "127.0.0.1";
+  options.gloo.bind_address = "127.0.0.1";
   return options;
 }
 

@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cohortd_process.h"
-#include "worker/collective/init.h"
+#include "worker/collective/init/init.h"
 
 namespace cohort {
 namespace {

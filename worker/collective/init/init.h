@@ -11,8 +11,12 @@
 //   // A PyTorch TCPStore server (e.g. torchrun's, on MASTER_PORT):
 //   auto pg = cohort::InitProcessGroup("gloo", "tcpstore://10.0.0.1:29500",
 //                                      rank, world_size);
-#ifndef COHORT_WORKER_COLLECTIVE_INIT_H_
-#define COHORT_WORKER_COLLECTIVE_INIT_H_
+//
+// The backend is created by the factory (backend_factory.h), with
+// InitOptions: options.group for every backend, options.gloo and
+// options.nccl for each backend's own.
+#ifndef COHORT_WORKER_COLLECTIVE_INIT_INIT_H_
+#define COHORT_WORKER_COLLECTIVE_INIT_INIT_H_
 
 #include <functional>
 #include <memory>
@@ -20,26 +24,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "worker/collective/init/backend_factory.h"
 #include "worker/collective/process_group.h"
 
 namespace cohort {
-
-struct InitOptions {
-  ProcessGroupOptions group;
-  // Where this rank listens for its peers (see GlooOptions).
-  std::string bind_address;
-  std::string interface;
-  // Whether ranks of one host share memory, and which host this is (see
-  // GlooOptions; the environment's COHORT_HOST_ID when empty).
-  bool shared_memory = true;
-  std::string host_id;
-  // Called with a failure a backend detects asynchronously (NCCL's watchdog:
-  // NcclOptions::error_reporter), e.g. to report it to cohortd's membership
-  // (GroupMember::ReportError) so that other nodes learn of it at once.
-  // Null: NodeErrorReporterFromEnv(rank) (under cohortrun, the node's
-  // membership).
-  std::function<void(const absl::Status&)> error_reporter;
-};
 
 // Under cohortrun (COHORT_ADDR and COHORT_MEMBER_GROUP, _NAME and
 // _INCARNATION in the environment): a reporter that tells cohortd, as this
@@ -70,7 +58,10 @@ std::function<void(const absl::Status&)> NodeErrorReporterFromEnv(int rank);
 //   file:///PATH            a FileStore at PATH: no coordinator at all; the
 //                           file is removed once every rank is done with it
 // Ranks of one job call it with the same init_method; a job that creates
-// its group again (after a failure) gets fresh keys. Blocks until every rank
+// its group again (after a failure) gets fresh keys (the backend's
+// store_prefix in `options` is replaced by them). A null
+// options.nccl.error_reporter is NodeErrorReporterFromEnv(rank). The group
+// is CreateProcessGroup's over that store. Blocks until every rank
 // has arrived or options.group.timeout passes (DEADLINE_EXCEEDED naming the
 // missing ranks' keys). INVALID_ARGUMENT, naming what is wrong, for an
 // unknown backend or scheme, a missing variable, or a bad rank or size.
@@ -80,4 +71,4 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
 
 }  // namespace cohort
 
-#endif  // COHORT_WORKER_COLLECTIVE_INIT_H_
+#endif  // COHORT_WORKER_COLLECTIVE_INIT_INIT_H_

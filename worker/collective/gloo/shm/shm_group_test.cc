@@ -1,110 +1,28 @@
 // Forks real local ranks that share one segment, rendezvousing through a
 // FileStore in the test's temporary directory.
-#include "worker/collective/shm/shm_group.h"
+#include "worker/collective/gloo/shm/shm_group.h"
 
-#include <dirent.h>
 #include <signal.h>
-#include <sys/stat.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <functional>
-#include <numeric>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/file_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/collective/gloo/shm/local_ranks.h"
 #include "worker/collective/reduce.h"
 
 namespace cohort {
 namespace {
 
-#define RETURN_IF_ERROR(expr)          \
-  do {                                 \
-    absl::Status status_ = (expr);     \
-    if (!status_.ok()) return status_; \
-  } while (false)
-
-std::string TempDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
-
-// The /dev/shm names a process with `pid` created.
-std::vector<std::string> NamesOf(pid_t pid) {
-  std::vector<std::string> names;
-  DIR* dir = opendir("/dev/shm");
-  if (dir == nullptr) return names;
-  const std::string prefix = absl::StrCat("cohort.", pid, ".");
-  while (dirent* entry = readdir(dir)) {
-    if (absl::StartsWith(entry->d_name, prefix)) names.push_back(entry->d_name);
-  }
-  closedir(dir);
-  return names;
-}
-
-struct Local {
-  int rank;
-  int size;
-  std::shared_ptr<Store> store;
-};
-using LocalMain = std::function<absl::Status(const Local&)>;
-
-// Forks `size` local ranks (or only those in `run`, when given) and returns
-// their wait statuses. A rank that fails prints why and exits 1.
-std::vector<int> Fork(int size, const LocalMain& main,
-                      std::vector<int> run = {},
-                      std::vector<pid_t>* forked = nullptr) {
-  static int calls = 0;
-  const std::string path =
-      absl::StrCat(TempDir(), "/store.", getpid(), ".", calls++);
-  if (run.empty()) {
-    run.resize(size);
-    std::iota(run.begin(), run.end(), 0);
-  }
-  std::vector<pid_t> pids;
-  for (int rank : run) {
-    std::fflush(nullptr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      absl::Status status = [&]() -> absl::Status {
-        absl::StatusOr<std::unique_ptr<FileStore>> store = FileStore::Open(path);
-        if (!store.ok()) return store.status();
-        return main(Local{rank, size, std::move(*store)});
-      }();
-      if (!status.ok()) {
-        std::fprintf(stderr, "local rank %d failed: %s\n", rank,
-                     status.ToString().c_str());
-      }
-      std::fflush(nullptr);
-      _exit(status.ok() ? 0 : 1);
-    }
-    pids.push_back(pid);
-  }
-  if (forked != nullptr) *forked = pids;
-  std::vector<int> statuses;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    statuses.push_back(status);
-  }
-  return statuses;
-}
-
-void ExpectAllOk(const std::vector<int>& statuses) {
-  for (size_t r = 0; r < statuses.size(); ++r) {
-    EXPECT_TRUE(WIFEXITED(statuses[r]) && WEXITSTATUS(statuses[r]) == 0)
-        << "local rank " << r << " (wait status " << statuses[r] << ")";
-  }
-}
+using testing::ExpectAllOk;
+using testing::Fork;
+using testing::Local;
+using testing::NamesOf;
 
 absl::StatusOr<std::unique_ptr<ShmGroup>> Join(
     const Local& l, absl::Duration timeout = absl::Seconds(30),
@@ -126,13 +44,14 @@ absl::Status Expect(absl::string_view what, const std::vector<T>& actual,
                                               expected[i]));
     }
   }
-  return absl::InternalError(absl::StrCat(what, ": ", actual.size(),
-                                          " elements, expected ",
-                                          expected.size()));
+  return absl::InternalError(absl::StrCat(
+      what, ": ", actual.size(), " elements, expected ", expected.size()));
 }
 
 // rank r's value at i: distinct per (r, i), small enough for exact sums.
-int32_t V(int r, size_t i) { return static_cast<int32_t>(r * 100003 + i % 9973); }
+int32_t V(int r, size_t i) {
+  return static_cast<int32_t>(r * 100003 + i % 9973);
+}
 
 template <typename T>
 BufferView View(std::vector<T>& v) {
@@ -193,15 +112,16 @@ absl::Status EveryOp(const Local& l) {
   std::vector<int32_t> source = me == 0 ? expected_all : std::vector<int32_t>();
   RETURN_IF_ERROR(
       g.Run(CollectiveOp::Scatter(View(source), View(scattered), 0), check));
-  RETURN_IF_ERROR(Expect("Scatter", scattered,
-                         std::vector<int32_t>(expected_all.begin() + me * kEach,
-                                              expected_all.begin() +
-                                                  (me + 1) * kEach)));
+  RETURN_IF_ERROR(
+      Expect("Scatter", scattered,
+             std::vector<int32_t>(expected_all.begin() + me * kEach,
+                                  expected_all.begin() + (me + 1) * kEach)));
 
   // AllToAll: block j of rank i lands in block i of rank j.
   std::vector<int32_t> blocks(kEach * n), swapped(kEach * n), want;
   for (int j = 0; j < n; ++j) {
-    for (size_t i = 0; i < kEach; ++i) blocks[j * kEach + i] = V(me, j * kEach + i);
+    for (size_t i = 0; i < kEach; ++i)
+      blocks[j * kEach + i] = V(me, j * kEach + i);
   }
   for (int r = 0; r < n; ++r) {
     for (size_t i = 0; i < kEach; ++i) want.push_back(V(r, me * kEach + i));
@@ -230,25 +150,29 @@ absl::Status EveryOp(const Local& l) {
     for (size_t i = 0; i < counts[r]; ++i) v_want.push_back(V(r, i));
   }
   std::vector<int32_t> v_out(v_want.size());
-  RETURN_IF_ERROR(g.Run(
-      CollectiveOp::AllGatherV(View(v_in), View(v_out), counts), check));
+  RETURN_IF_ERROR(
+      g.Run(CollectiveOp::AllGatherV(View(v_in), View(v_out), counts), check));
   RETURN_IF_ERROR(Expect("AllGatherV", v_out, v_want));
 
   // AllToAllV: rank i sends 700 * ((i + j) % 3) elements to rank j, so
   // some pairs need more rounds than others and some send nothing.
-  auto count = [](int from, int to) -> size_t { return 700 * ((from + to) % 3); };
+  auto count = [](int from, int to) -> size_t {
+    return 700 * ((from + to) % 3);
+  };
   std::vector<size_t> send_counts(n), recv_counts(n);
   std::vector<int32_t> send, recv_want;
   for (int j = 0; j < n; ++j) {
     send_counts[j] = count(me, j);
     recv_counts[j] = count(j, me);
-    for (size_t i = 0; i < send_counts[j]; ++i) send.push_back(V(me, j * 10000 + i));
-    for (size_t i = 0; i < recv_counts[j]; ++i) recv_want.push_back(V(j, me * 10000 + i));
+    for (size_t i = 0; i < send_counts[j]; ++i)
+      send.push_back(V(me, j * 10000 + i));
+    for (size_t i = 0; i < recv_counts[j]; ++i)
+      recv_want.push_back(V(j, me * 10000 + i));
   }
   std::vector<int32_t> recv(recv_want.size());
-  RETURN_IF_ERROR(g.Run(CollectiveOp::AllToAllV(View(send), send_counts,
-                                                View(recv), recv_counts),
-                        "AllToAllV"));
+  RETURN_IF_ERROR(g.Run(
+      CollectiveOp::AllToAllV(View(send), send_counts, View(recv), recv_counts),
+      "AllToAllV"));
   RETURN_IF_ERROR(Expect("AllToAllV", recv, recv_want));
   return g.Run(CollectiveOp::Barrier(), "Barrier");
 }
@@ -270,15 +194,17 @@ TEST(ShmGroupChecks, RanksThatDisagreeGetInvalidArgumentAndCarryOn) {
     std::vector<int32_t> data(l.rank == 1 ? 8 : 4, 7);
     const CollectiveOp op = CollectiveOp::AllReduce(View(data), ReduceOp::kSum);
     absl::Status status = (*g)->Run(op, op.Name());
-    const std::string named =
-        l.rank == 1 ? "rank 0 issued 'AllReduce SUM of 4 i32'"
-                    : "rank 1 issued 'AllReduce SUM of 8 i32'";
+    const std::string named = l.rank == 1
+                                  ? "rank 0 issued 'AllReduce SUM of 4 i32'"
+                                  : "rank 1 issued 'AllReduce SUM of 8 i32'";
     if (status.code() != absl::StatusCode::kInvalidArgument ||
         !absl::StrContains(status.message(), named)) {
-      return absl::InternalError(absl::StrCat("unexpected: ", status.ToString()));
+      return absl::InternalError(
+          absl::StrCat("unexpected: ", status.ToString()));
     }
     for (int32_t x : data) {
-      if (x != 7) return absl::InternalError("output written despite the check");
+      if (x != 7)
+        return absl::InternalError("output written despite the check");
     }
     // The group is still usable.
     std::vector<int32_t> ok(4, l.rank);
@@ -290,33 +216,39 @@ TEST(ShmGroupChecks, RanksThatDisagreeGetInvalidArgumentAndCarryOn) {
 
 TEST(ShmGroupFaults, APeerKilledMidOpIsSeenAtOnceAndNothingIsLeftInDevShm) {
   std::vector<pid_t> ranks;
-  std::vector<int> statuses = Fork(3, [](const Local& l) -> absl::Status {
-    // An op timeout that outlasts the test: only the liveness check can end
-    // the op (UNAVAILABLE naming the dead rank; a timeout would be
-    // DEADLINE_EXCEEDED).
-    absl::StatusOr<std::unique_ptr<ShmGroup>> g = Join(l, absl::Minutes(10));
-    if (!g.ok()) return g.status();
-    // Every rank has mapped the segment: its name is already gone.
-    std::vector<int32_t> one(1);
-    RETURN_IF_ERROR((*g)->Run(CollectiveOp::AllReduce(View(one), ReduceOp::kSum), ""));
-    if (l.rank == 0 && !NamesOf(getpid()).empty()) {
-      return absl::InternalError("the segment's name outlived the attach");
-    }
-    if (l.rank == 2) raise(SIGKILL);
-    std::vector<int32_t> data(100000, 1);
-    absl::Status status =
-        (*g)->Run(CollectiveOp::AllReduce(View(data), ReduceOp::kSum), "");
-    if (status.code() != absl::StatusCode::kUnavailable ||
-        !absl::StrContains(status.message(), "rank 2 (pid")) {
-      return absl::InternalError(absl::StrCat("unexpected: ", status.ToString()));
-    }
-    // The group stays failed.
-    absl::Status after = (*g)->Run(CollectiveOp::Barrier(), "");
-    if (after.code() != absl::StatusCode::kUnavailable) {
-      return absl::InternalError(absl::StrCat("after: ", after.ToString()));
-    }
-    return absl::OkStatus();
-  }, {}, &ranks);
+  std::vector<int> statuses = Fork(
+      3,
+      [](const Local& l) -> absl::Status {
+        // An op timeout that outlasts the test: only the liveness check can end
+        // the op (UNAVAILABLE naming the dead rank; a timeout would be
+        // DEADLINE_EXCEEDED).
+        absl::StatusOr<std::unique_ptr<ShmGroup>> g =
+            Join(l, absl::Minutes(10));
+        if (!g.ok()) return g.status();
+        // Every rank has mapped the segment: its name is already gone.
+        std::vector<int32_t> one(1);
+        RETURN_IF_ERROR(
+            (*g)->Run(CollectiveOp::AllReduce(View(one), ReduceOp::kSum), ""));
+        if (l.rank == 0 && !NamesOf(getpid()).empty()) {
+          return absl::InternalError("the segment's name outlived the attach");
+        }
+        if (l.rank == 2) raise(SIGKILL);
+        std::vector<int32_t> data(100000, 1);
+        absl::Status status =
+            (*g)->Run(CollectiveOp::AllReduce(View(data), ReduceOp::kSum), "");
+        if (status.code() != absl::StatusCode::kUnavailable ||
+            !absl::StrContains(status.message(), "rank 2 (pid")) {
+          return absl::InternalError(
+              absl::StrCat("unexpected: ", status.ToString()));
+        }
+        // The group stays failed.
+        absl::Status after = (*g)->Run(CollectiveOp::Barrier(), "");
+        if (after.code() != absl::StatusCode::kUnavailable) {
+          return absl::InternalError(absl::StrCat("after: ", after.ToString()));
+        }
+        return absl::OkStatus();
+      },
+      {}, &ranks);
   ASSERT_EQ(statuses.size(), 3u);
   EXPECT_TRUE(WIFEXITED(statuses[0]) && WEXITSTATUS(statuses[0]) == 0);
   EXPECT_TRUE(WIFEXITED(statuses[1]) && WEXITSTATUS(statuses[1]) == 0);
@@ -339,72 +271,11 @@ TEST(ShmGroupFaults, AStuckPeerTimesOutNamingIt) {
     RETURN_IF_ERROR(l.store->Set(timed_out[l.rank], "1"));
     if (status.code() != absl::StatusCode::kDeadlineExceeded ||
         !absl::StrContains(status.message(), "rank(s) 2 did not reach")) {
-      return absl::InternalError(absl::StrCat("unexpected: ", status.ToString()));
-    }
-    return absl::OkStatus();
-  }));
-}
-
-TEST(ShmGroupFaults, CreationNamesTheRankThatNeverCameAndLeavesNoName) {
-  std::vector<int> statuses = Fork(
-      2,
-      [](const Local& l) -> absl::Status {
-        absl::StatusOr<std::unique_ptr<ShmGroup>> g =
-            Join(l, absl::Milliseconds(500));
-        if (g.status().code() != absl::StatusCode::kDeadlineExceeded ||
-            !absl::StrContains(g.status().message(), "rank(s) 1 did not map")) {
-          return absl::InternalError(
-              absl::StrCat("unexpected: ", g.status().ToString()));
-        }
-        if (!NamesOf(getpid()).empty()) {
-          return absl::InternalError("the name was left in /dev/shm");
-        }
-        return absl::OkStatus();
-      },
-      /*run=*/{0});
-  ExpectAllOk(statuses);
-}
-
-TEST(ShmGroupFaults, ARankThatCannotMapTheSegmentIsNamedAtOnce) {
-  ExpectAllOk(Fork(2, [](const Local& l) -> absl::Status {
-    // Rank 1 expects slots of another size: the segment is not what it
-    // computes, so it cannot map it. Local rank 0 does not wait out its
-    // timeout (which outlasts the test) for rank 1: it is told.
-    absl::StatusOr<std::unique_ptr<ShmGroup>> g =
-        Join(l, absl::Minutes(10), l.rank == 0 ? 4096 : 8192);
-    const std::string want = l.rank == 0 ? "a rank could not map it: rank 1"
-                                         : "disagree on the group's size";
-    if (g.ok() || !absl::StrContains(g.status().message(), want)) {
       return absl::InternalError(
-          absl::StrCat("want an error with '", want, "', got ",
-                       g.ok() ? "OK" : g.status().ToString()));
-    }
-    if (l.rank == 0 && !NamesOf(getpid()).empty()) {
-      return absl::InternalError("the name was left in /dev/shm");
+          absl::StrCat("unexpected: ", status.ToString()));
     }
     return absl::OkStatus();
   }));
-}
-
-TEST(ShmGroupFaults, StaleNamesOfDeadCreatorsAreRemoved) {
-  const pid_t dead = fork();
-  if (dead == 0) _exit(0);
-  waitpid(dead, nullptr, 0);
-  const std::string stale = absl::StrCat("/dev/shm/cohort.", dead, ".test");
-  const std::string fresh = absl::StrCat("/dev/shm/cohort.", dead, ".fresh");
-  const std::string live = absl::StrCat("/dev/shm/cohort.", getpid(), ".live");
-  for (const std::string& path : {stale, fresh, live}) {
-    std::ofstream(path) << "x";
-  }
-  const timeval old[2] = {{time(nullptr) - 120, 0}, {time(nullptr) - 120, 0}};
-  ASSERT_EQ(utimes(stale.c_str(), old), 0);
-  ASSERT_EQ(utimes(live.c_str(), old), 0);
-  EXPECT_GE(ShmGroup::RemoveStaleSegments(), 1);
-  EXPECT_NE(access(stale.c_str(), F_OK), 0) << "a dead creator's old name stayed";
-  EXPECT_EQ(access(fresh.c_str(), F_OK), 0) << "a young name may be mid-attach";
-  EXPECT_EQ(access(live.c_str(), F_OK), 0) << "a live creator's name went";
-  unlink(fresh.c_str());
-  unlink(live.c_str());
 }
 
 TEST(ShmGroupSpin, FourRanksOnFewerCoresStillProgress) {
@@ -420,19 +291,6 @@ TEST(ShmGroupSpin, FourRanksOnFewerCoresStillProgress) {
     }
     return absl::OkStatus();
   }));
-}
-
-TEST(ShmGroupOptionsTest, RejectsBadOptions) {
-  absl::StatusOr<std::unique_ptr<FileStore>> store =
-      FileStore::Open(absl::StrCat(TempDir(), "/options_store"));
-  ASSERT_TRUE(store.ok());
-  ShmGroupOptions options;
-  options.slot_bytes = 1000;
-  EXPECT_EQ(ShmGroup::Create(**store, "k", 0, 2, options).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  options.slot_bytes = 4096;
-  EXPECT_EQ(ShmGroup::Create(**store, "k", 2, 2, options).status().code(),
-            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

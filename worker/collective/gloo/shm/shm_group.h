@@ -1,20 +1,12 @@
 // ShmGroup: collectives among the ranks of one host over one shared-memory
-// segment, at memory speed: no socket, no syscall while peers keep up.
-//
-// The segment. The group's local rank 0 creates it (shm_open, name
-// "/cohort.<pid>.<random>", reserved with posix_fallocate so that a full
-// /dev/shm fails here and not with SIGBUS later), publishes the name in the
-// store under the key it is given, and removes the name as soon as every
-// local rank has mapped it: from then on the memory lives exactly as long as
-// the mappings, so a rank killed with -9 leaves nothing in /dev/shm. A name
-// whose creator died before that point is removed by the next group created
-// on the host (RemoveStaleSegments).
-//
-// The layout: a header, then per rank a control block (its barrier counter,
-// which is also the futex its peers sleep on, its pid, and the op check it
-// publishes) and two data slots of slot_bytes, used alternately by
-// consecutive rounds so that a rank may fill the next round's slot while a
-// slower peer still reads the last one.
+// segment, at memory speed: no socket, no syscall while peers keep up. It
+// is the Gloo backend's transport among the ranks of a host
+// (gloo_process_group.h). Three parts:
+//  - the segment (segment.h): created by local rank 0, named in the store,
+//    mapped by all; per rank a control block and two data slots;
+//  - the barrier (futex_barrier.h): spins, then sleeps on futexes, and
+//    sees a dead or stuck peer;
+//  - the algorithms (this file), in rounds.
 //
 // A round. Each rank writes its share of the round into its own slot,
 // arrives at a barrier, and then reads what it needs straight from its
@@ -24,28 +16,21 @@
 // element is combined by one rank, in one fixed order, so all ranks get the
 // same bits.
 //
-// Waiting. A barrier spins for a bounded time (when the ranks of the group
-// fit on the host's CPUs; otherwise it yields at once), then sleeps on the
-// peer's counter with futex(2) in slices of at most 20 ms, checking between
-// slices whether the peer's process still exists, whether any rank marked
-// the group failed, and the op's deadline. So a dead peer is seen within a
-// slice, a stuck one within the timeout, and 4 ranks on 2 cores progress.
+// Failures. An op that fails other than by a check fails the group for
+// every rank (ShmSegment::Fail): peers waiting in a barrier return within
+// a slice, and later ops fail at once.
 //
 // Checks. With a non-empty `check` (the op engine's OpRun::check), every
 // rank publishes it before the op's first barrier and compares the others'
 // right after it, before any output is written: no exchange is spent on it.
 //
 // Thread-compatible: one op at a time, in the same order on every rank.
-#ifndef COHORT_WORKER_COLLECTIVE_SHM_SHM_GROUP_H_
-#define COHORT_WORKER_COLLECTIVE_SHM_SHM_GROUP_H_
-
-#include <sys/types.h>
+#ifndef COHORT_WORKER_COLLECTIVE_GLOO_SHM_SHM_GROUP_H_
+#define COHORT_WORKER_COLLECTIVE_GLOO_SHM_SHM_GROUP_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <string>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -53,29 +38,24 @@
 #include "absl/time/time.h"
 #include "client/store.h"
 #include "worker/collective/collective_op.h"
+#include "worker/collective/gloo/shm/futex_barrier.h"
+#include "worker/collective/gloo/shm/segment.h"
 
 namespace cohort {
 
-struct ShmGroupOptions {
-  // Bounds every op and the creation.
-  absl::Duration timeout = absl::Seconds(300);
-  // Bytes per slot (each rank has two); a multiple of 4096, at least 4096.
-  // A round moves at most this much per rank, so larger slots mean fewer
-  // barriers per byte.
-  size_t slot_bytes = size_t{1} << 20;
+// The segment's options (timeout, which here bounds every op too,
+// slot_bytes and group_ranks), and the barrier's spin.
+struct ShmGroupOptions : ShmSegmentOptions {
   // How long a barrier spins before it sleeps. Negative: $COHORT_SHM_SPIN_US
   // if set, else 50 us when the group's ranks fit on the CPUs this process
   // may run on, else none.
   absl::Duration spin = absl::Microseconds(-1);
-  // The number of each local rank in the enclosing group, for messages
-  // ("rank 5 (pid 123) exited"). Empty: local ranks are the group's ranks.
-  std::vector<int> group_ranks;
 };
 
 class ShmGroup {
  public:
-  // Local rank 0 creates the segment and publishes its name in `store`
-  // under `key`; the others open it. Returns once all `size` local ranks
+  // Creates the segment of `size` local ranks (ShmSegment::Create: local
+  // rank 0 publishes its name in `store` under `key`). Returns once all
   // have mapped it. DEADLINE_EXCEEDED naming the ranks that did not come
   // within the timeout; UNAVAILABLE if the segment cannot be created (the
   // message says why; the other ranks get the same error).
@@ -83,12 +63,11 @@ class ShmGroup {
       Store& store, absl::string_view key, int rank, int size,
       const ShmGroupOptions& options);
 
-  ~ShmGroup();
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const { return segment_->rank(); }
+  int size() const { return segment_->size(); }
 
   // Runs `op` (checked, with more than one rank, host buffers; kAvg
   // combines as kSum) among the local ranks, which are the op's whole
@@ -109,40 +88,31 @@ class ShmGroup {
 
   // Marks the group failed with `status`: peers waiting in a barrier return
   // UNAVAILABLE quoting it within a slice. Later ops fail at once.
-  void Fail(const absl::Status& status);
+  void Fail(const absl::Status& status) { segment_->Fail(status); }
 
   // Whether `status` (from Create) says the segment could not be set up on
-  // this host at all (no /dev/shm, full, not permitted), as all local ranks
-  // learn alike: they may then fall back to another transport together.
-  static bool IsSetupFailure(const absl::Status& status);
-
-  // Removes /dev/shm/cohort.<pid>.* names whose creator no longer exists
-  // and that are older than a minute; returns how many.
-  static int RemoveStaleSegments();
+  // this host at all (ShmSegment::IsSetupFailure): the local ranks may then
+  // fall back to another transport together.
+  static bool IsSetupFailure(const absl::Status& status) {
+    return ShmSegment::IsSetupFailure(status);
+  }
 
  private:
-  struct Header;
-  struct Control;
+  ShmGroup(std::unique_ptr<ShmSegment> segment, absl::Duration spin);
 
-  ShmGroup(int rank, int size, const ShmGroupOptions& options, void* base,
-           size_t bytes);
-
-  Header& header() const;
-  Control& control(int rank) const;
-  char* slot(int rank, uint32_t round) const;
-  int GroupRank(int local) const;
-  // Once every local rank has mapped the segment: records pid_visible_.
-  void NotePeers();
+  using Control = ShmSegment::Control;
+  Control& control(int rank) const { return segment_->control(rank); }
+  char* slot(int rank, uint32_t round) const {
+    return segment_->slot(rank, round);
+  }
+  size_t slot_bytes() const { return segment_->options().slot_bytes; }
 
   // Starts an op: publishes `check` (and `aux`) for this op.
   void BeginOp(absl::string_view check, uint64_t aux);
   // Arrives at the next barrier and waits for every peer. After the op's
   // first barrier it compares the published checks.
   absl::Status Barrier();
-  absl::Status AwaitPeer(int peer, uint32_t generation);
   absl::Status CompareChecks();
-  // The status an op gets once the group has failed.
-  absl::Status FailedStatus(absl::string_view when) const;
   // The largest aux any rank published for this op (after its first
   // barrier).
   uint64_t MaxAux() const;
@@ -150,6 +120,8 @@ class ShmGroup {
   // first round before its first barrier (where a failed check stops it),
   // so all ranks always agree on the round.
   uint32_t NextRound() { return round_++; }
+  // Fails the group with `status` unless it is a failed check.
+  absl::Status FailUnlessChecked(absl::Status status);
 
   absl::Status AllReduceOrReduce(const BufferView& data, ReduceOp op,
                                  int root);  // root < 0: every rank.
@@ -161,24 +133,16 @@ class ShmGroup {
   absl::Status AllToAllV(const CollectiveOp& op);
   absl::Status ReduceScatter(const CollectiveOp& op);
 
+  const std::unique_ptr<ShmSegment> segment_;
   const int rank_;
   const int size_;
-  const ShmGroupOptions options_;
-  void* const base_;
-  const size_t bytes_;
-  const absl::Duration spin_;
-
-  // Per local rank: whether its pid is visible from here, so that its
-  // exit can be seen (ranks in another pid namespace, e.g. other
-  // containers sharing /dev/shm, are waited for until the deadline only).
-  std::vector<bool> pid_visible_;
-  uint32_t generation_ = 0;  // Barriers this rank has arrived at.
-  uint32_t round_ = 0;       // Data rounds so far (slot halves alternate).
-  uint32_t ops_ = 0;         // Ops so far (checks alternate).
+  FutexBarrier barrier_;
+  uint32_t round_ = 0;  // Data rounds so far (slot halves alternate).
+  uint32_t ops_ = 0;    // Ops so far (checks alternate).
   bool check_pending_ = false;
   absl::Time deadline_;
 };
 
 }  // namespace cohort
 
-#endif  // COHORT_WORKER_COLLECTIVE_SHM_SHM_GROUP_H_
+#endif  // COHORT_WORKER_COLLECTIVE_GLOO_SHM_SHM_GROUP_H_
