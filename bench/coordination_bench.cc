@@ -1,6 +1,7 @@
 // coordination_bench: one cohortd taking N nodes through a rendezvous
 // round, an address exchange, a group join and a barrier: the standing
-// scale benchmark (bench/README.md has the figures at 10K, 30K and 100K).
+// scale benchmark (bench/coordination_bench.md has the figures at 10K, 30K
+// and 100K).
 //
 // The nodes are asynchronous gRPC calls from this one process (spread over
 // --channels connections), so N can be 100,000 on a small machine; with

@@ -71,7 +71,7 @@ struct ConnectionOptions {
   // Whether empty credentials are taken from the environment.
   bool credentials_from_env = true;
 
-  // Kernel TCP keepalive on the connection (base/tcp_keepalive.h): when
+  // Kernel TCP keepalive on the connection (proto/rpc/tcp_keepalive.h): when
   // cohortd's host goes away or is cut off, the calls waiting on it fail
   // UNAVAILABLE within keepalive.idle + keepalive.timeout instead of at
   // their deadlines. cohortd's kernel answers the probes, so a saturated

@@ -104,7 +104,7 @@ struct ServerOptions {
   // A connection with no call in flight for this long is closed (the client
   // reconnects on its next call); 0 keeps idle connections forever.
   absl::Duration idle_timeout = absl::Minutes(30);
-  // Kernel TCP keepalive (base/tcp_keepalive.h): a connection quiet for
+  // Kernel TCP keepalive (proto/rpc/tcp_keepalive.h): a connection quiet for
   // keepalive_time is probed, and dropped if the peer's host answers
   // nothing for keepalive_timeout (or leaves sent data unacknowledged for
   // both together): a dead client's blocked calls and watches are ended

@@ -153,7 +153,7 @@ ABSL_FLAG(absl::Duration, tcpstore_spin, absl::Microseconds(50),
           "how long the TCPStore loop keeps polling, yielding the CPU between "
           "polls, after a request instead of sleeping: a request arriving "
           "then skips a thread wake-up; 0 always sleeps");
-// Quotas: each tenant's share of cohortd (server/quota.h). A tenant is a
+// Quotas: each tenant's share of cohortd (server/auth/quota.h). A tenant is a
 // job: a tokens-file token and every token issued under it; with auth off,
 // one client connection.
 ABSL_FLAG(uint64_t, quota_keys, cohort::store::StoreLimits().quota_keys,

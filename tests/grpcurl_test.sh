@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # cohortd inspected with grpcurl, the gRPC command-line client most users
 # know (tools/setup.sh builds it with `go install`), through server
-# reflection only, no .proto files: the README's examples. It lists the
-# services and cohort.v1.Store's methods, describes a method and a message,
+# reflection only, no .proto files: docs/coordination.md's examples. It lists
+# the services and cohort.v1.Store's methods, describes a method and a message,
 # does a Set and a Get, calls the standard health check, and checks that a
 # bad request and a timed-out blocking Get come back with their gRPC codes
 # while cohortd keeps serving. Then it watches a prefix (a server stream):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project venv (tools/venv.sh) is what the README says it is: its python
+# The project venv (tools/venv.sh) is what docs/pytorch.md says: its python
 # imports the torch pinned in tools/requirements.txt, and that torch's own
 # distributed stack runs a job: two processes join a gloo process group
 # through torch 2.x's TCPStore (libuv server, the 2.x default) and

@@ -120,7 +120,7 @@ if ((missing_protos)); then
 fi
 
 # grpcurl, the gRPC command-line client cohort's design is inspected with
-# (tests/grpcurl_test.sh, the README's examples), built by `go install` from
+# (tests/grpcurl_test.sh; docs/coordination.md), built by `go install` from
 # the Go module proxy at a pinned version into $tools/bin.
 grpcurl_version=v1.9.3
 if [[ "$("$tools/bin/grpcurl" -version 2>&1)" != "grpcurl $grpcurl_version" ]]; then

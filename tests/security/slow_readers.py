@@ -2,7 +2,7 @@
 
 Each slow reader asks for 64 replies of a 1 MiB value and reads none. Run
 with the torch under test: python slow_readers.py PORT COHORTD_PID. Prints
-the figures, then checks them against the bounds the README states:
+the figures, then checks them against the bounds docs/pytorch.md states:
 cohortd's memory grows by at most --tcpstore_max_unsent_bytes_total (plus
 the allocator's slack), and the torch client's requests and a new client's
 connection are served within their bounds, scaled by COHORT_TEST_TIME_SCALE.
@@ -111,9 +111,10 @@ def main():
         print(f"memory bound not checked under {os.environ['COHORT_SANITIZER']}")
     else:
         assert grown <= bound, f"cohortd grew by {grown} bytes, over {bound}"
-    # The README's bounds, scaled for slower builds. A reading client waits
-    # at most for one request of each other connection that holds nothing;
-    # before the total bound, the probe saw 5.8 s stalls and 15 s connects.
+    # docs/pytorch.md's bounds, scaled for slower builds. A reading client
+    # waits at most for one request of each other connection that holds
+    # nothing; before the total bound, the probe saw 5.8 s stalls and 15 s
+    # connects.
     assert p99 <= 2.0 * scale, f"p99 {p99:.3f} s over {2 * scale:.1f} s"
     assert connect <= 2.0 * scale, f"connect {connect:.3f} s over {2 * scale:.1f} s"
     for s in hogs:
