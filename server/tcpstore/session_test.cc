@@ -696,10 +696,12 @@ TEST(TcpStorePrefixTest, PrefixesThatReachTheReservedNamespaceAreRefused) {
 // A conversation touching every kind of step: the hello, the dialect, a
 // batched write, reads, a queue, a wait that is already over.
 std::string Conversation() {
+  // Request holds views: the 40-byte value must outlive the encoding.
+  const std::string long_value(40, 'y');
   Request multi_set;
   multi_set.op = Op::kMultiSet;
   multi_set.keys = {"/m1", "/m2"};
-  multi_set.values = {"x", std::string(40, 'y')};
+  multi_set.values = {"x", long_value};
   return Hello("/ns/") + Validate() + Req(k21, Op::kSet, "/k", "value") +
          Number(k21, Op::kAdd, "/n", 3) + Req(k21, Op::kGet, "/k") +
          Req(k21, multi_set) + KeysReq(k21, Op::kMultiGet, {"/m1", "/m2"}) +
