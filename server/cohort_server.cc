@@ -305,8 +305,11 @@ void CohortServer::StartElection(const ServerOptions& options) {
   if (options.election_endpoints.empty()) return;
   std::string advertise = options.advertise;
   if (advertise.empty()) advertise = options.listen;
-  if (absl::EndsWith(advertise, ":0")) {
-    advertise = absl::StrCat(advertise.substr(0, advertise.size() - 1), port_);
+  // Port 0 (a free one) is known only now that it is bound.
+  if (absl::StatusOr<base::HostPort> where = base::SplitHostPort(
+          advertise, {.allow_empty_host = true, .allow_port_zero = true});
+      where.ok() && where->port == 0) {
+    advertise = base::JoinHostPort(where->host, port_);
   }
   leadership_ = std::make_unique<EtcdLeadership>(EtcdLeadershipOptions{
       .endpoints = options.election_endpoints,
