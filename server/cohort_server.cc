@@ -5,7 +5,6 @@
 #include <thread>
 
 #include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/net.h"
 #include "grpc/health/v1/health.pb.h"
