@@ -30,7 +30,7 @@
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "tests/in_process_store.h"
+#include "tests/testing/in_process_store.h"
 #include "worker/collective/elementwise.h"
 #include "worker/collective/nccl/cuda_nccl_api.h"
 #include "worker/collective/nccl/nccl_backend.h"

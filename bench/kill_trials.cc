@@ -2,9 +2,10 @@
 // points and restarted on the same folder --trials times (1,000 by default),
 // checking after each restart that no acknowledged write was lost. Prints
 // the count lost (must be 0), the acknowledged writes by kind and the time;
-// exits 1 if anything was lost or inconsistent. See tests/kill_trials.h.
+// exits 1 if anything was lost or inconsistent. See
+// tests/testing/kill_trials.h.
 //   bazel run //bench:kill_trials -- --trials=1000
-#include "tests/kill_trials.h"
+#include "tests/testing/kill_trials.h"
 
 #include <stdlib.h>
 

@@ -4,7 +4,7 @@
 // TcpStoreClient (cohortd's or PyTorch's TCPStore port, tcpstore_client.h),
 // FileStore (a shared file, no server, file_store.h) and PrefixStore (a
 // namespace inside another store, prefix_store.h); tests also use
-// tests/in_process_store.h. The semantics are those of
+// tests/testing/in_process_store.h. The semantics are those of
 // proto/cohort/v1/store.proto whichever implementation is used; the c10d
 // rules and limits behind them are written once, in proto/c10d/rules.h.
 #ifndef COHORT_CLIENT_STORE_H_

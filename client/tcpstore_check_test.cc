@@ -22,7 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/tcpstore/wire.h"
-#include "tests/in_process_store.h"
+#include "tests/testing/in_process_store.h"
 
 namespace cohort {
 namespace {

@@ -8,7 +8,7 @@ set -uo pipefail
 
 COHORTD=server/cohortd
 CTL=client/cohortctl
-JOIN=tests/join_main
+JOIN=tests/testing/join_main
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
 DATA=$TMP/data
 LOG=$TMP/cohortd.log

@@ -15,7 +15,7 @@
 #include "client/rendezvous_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/cohortd_process.h"
+#include "tests/testing/cohortd_process.h"
 
 namespace cohort {
 namespace {
@@ -58,7 +58,7 @@ std::vector<absl::StatusOr<RendezvousResult>> JoinAll(
   return results;
 }
 
-// A member in a child process (tests/member_main).
+// A member in a child process (tests/testing/member_main).
 struct MemberProcess {
   pid_t pid = -1;
   ~MemberProcess() {
@@ -75,7 +75,7 @@ MemberProcess StartMember(const std::string& address, const std::string& name,
   EXPECT_EQ(pipe(fds), 0);
   // Everything the child needs is built before fork: it only execs, since
   // allocating in the child of a threaded parent can deadlock.
-  std::vector<std::string> args = {"tests/member_main",
+  std::vector<std::string> args = {"tests/testing/member_main",
                                    "--addr=" + address,
                                    "--group=job",
                                    "--name=" + name,

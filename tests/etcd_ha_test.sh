@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # High availability on loopback: 3 etcd members (Debian's etcd-server) and
 # 2 cohortd replicas (--engine=etcd), under a write load whose checker
-# (tests/ha_writer.cc) keeps every acknowledged write. At random moments,
-# HA_TRIALS times each (default 20):
+# (tests/testing/ha_writer.cc) keeps every acknowledged write. At random
+# moments, HA_TRIALS times each (default 20):
 #   - kill -9 the cohortd leader, then restart it;
 #   - kill -9 the etcd leader, then restart it;
 #   - SIGSTOP an etcd member for 1-2 s (a partition), then SIGCONT.
@@ -20,7 +20,7 @@
 # same cluster without faults or load, for the raw methods a follower
 # passes to the leader as bytes: ListParticipants and GetParticipants
 # through the follower answer exactly as the leader, errors included
-# (tests/ha_participants.cc), and so does cohortctl participants.
+# (tests/testing/ha_participants.cc), and so does cohortctl participants.
 set -uo pipefail
 
 MODE=${1:-faults}
@@ -28,8 +28,8 @@ MODE=${1:-faults}
 COHORTD=server/cohortd
 CTL=client/cohortctl
 RUN=worker/launch/cohortrun
-WRITER=tests/ha_writer
-PARTICIPANTS=tests/ha_participants
+WRITER=tests/testing/ha_writer
+PARTICIPANTS=tests/testing/ha_participants
 PYTHON=/usr/bin/python3
 TRIALS=${HA_TRIALS:-20}
 TMP=${TEST_TMPDIR:-$(mktemp -d)}

@@ -34,7 +34,7 @@
 #include "client/membership_client.h"
 #include "client/remote_store.h"
 #include "gtest/gtest.h"
-#include "tests/cohortd_process.h"
+#include "tests/testing/cohortd_process.h"
 
 extern char** environ;
 

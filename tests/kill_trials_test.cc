@@ -1,7 +1,7 @@
 // Kill trials in CI: cohortd killed with SIGKILL at random points and
 // restarted on the same folder, 20 times (KILL_TRIALS=N for more); no
 // acknowledged write may be lost. bench/kill_trials runs 1,000.
-#include "tests/kill_trials.h"
+#include "tests/testing/kill_trials.h"
 
 #include <cstdlib>
 #include <filesystem>

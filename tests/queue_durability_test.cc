@@ -25,7 +25,7 @@
 #include "client/remote_store.h"
 #include "gtest/gtest.h"
 #include "proto/tcpstore/wire.h"
-#include "tests/cohortd_process.h"
+#include "tests/testing/cohortd_process.h"
 
 namespace cohort {
 namespace {

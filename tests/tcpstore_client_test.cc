@@ -13,7 +13,7 @@
 #include "client/remote_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/cohortd_process.h"
+#include "tests/testing/cohortd_process.h"
 
 namespace cohort {
 namespace {

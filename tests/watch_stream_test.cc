@@ -14,7 +14,7 @@
 #include "cohort/v1/store.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
-#include "tests/cohortd_process.h"
+#include "tests/testing/cohortd_process.h"
 
 namespace cohort {
 namespace {

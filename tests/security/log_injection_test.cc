@@ -28,7 +28,7 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "proto/tcpstore/wire.h"
-#include "tests/cohortd_process.h"
+#include "tests/testing/cohortd_process.h"
 
 namespace cohort {
 namespace {

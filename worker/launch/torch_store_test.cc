@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/in_process_store.h"
+#include "tests/testing/in_process_store.h"
 
 namespace cohort {
 namespace {

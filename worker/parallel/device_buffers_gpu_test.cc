@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/in_process_store.h"
+#include "tests/testing/in_process_store.h"
 #include "worker/collective/nccl/cuda_nccl_api.h"
 #include "worker/collective/nccl/fake_nccl_api.h"
 #include "worker/collective/nccl/nccl_backend.h"

@@ -16,7 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/in_process_store.h"
+#include "tests/testing/in_process_store.h"
 #include "worker/collective/nccl/fake_nccl_api.h"
 #include "worker/collective/nccl/nccl_process_group.h"
 #include "worker/parallel/ddp.h"

@@ -20,8 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/remote_store.h"
 #include "gtest/gtest.h"
-#include "tests/cohortd_process.h"
-#include "tests/in_process_store.h"
+#include "tests/testing/cohortd_process.h"
+#include "tests/testing/in_process_store.h"
 #include "worker/collective/reduce.h"
 
 namespace cohort {

@@ -7,7 +7,7 @@
 
 #include "gloo/common/error.h"
 #include "gtest/gtest.h"
-#include "tests/in_process_store.h"
+#include "tests/testing/in_process_store.h"
 
 namespace cohort {
 namespace {

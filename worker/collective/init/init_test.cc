@@ -17,7 +17,7 @@
 #include "client/tcpstore_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/cohortd_process.h"
+#include "tests/testing/cohortd_process.h"
 
 namespace cohort {
 namespace {

@@ -11,7 +11,7 @@
 #include "client/membership_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/cohortd_process.h"
+#include "tests/testing/cohortd_process.h"
 #include "worker/collective/init/init.h"
 
 namespace cohort {

@@ -7,7 +7,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/in_process_store.h"
+#include "tests/testing/in_process_store.h"
 #include "worker/collective/nccl/fake_nccl_api.h"
 
 namespace cohort {

@@ -21,7 +21,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/in_process_store.h"
+#include "tests/testing/in_process_store.h"
 #include "worker/collective/nccl/cuda_nccl_api.h"
 #include "worker/collective/nccl/nccl_backend.h"
 

@@ -1,4 +1,4 @@
-// ha_participants: the participants check of tests/etcd_ha_test.sh
+// ha_participants: the participants check of tests/robustness/etcd_ha_test.sh
 // (participants mode). ListParticipants and GetParticipants are raw methods
 // whose requests a follower passes to the leader as bytes (GenericStub);
 // through the follower, every reply, error code and message must be

@@ -13,8 +13,8 @@
 // error. That failed call (at most one per writer, "in flight at the kill")
 // may or may not have been applied; the checker accepts either outcome, but
 // nothing else.
-#ifndef COHORT_TESTS_KILL_TRIALS_H_
-#define COHORT_TESTS_KILL_TRIALS_H_
+#ifndef COHORT_TESTS_TESTING_KILL_TRIALS_H_
+#define COHORT_TESTS_TESTING_KILL_TRIALS_H_
 
 #include <cstdint>
 #include <functional>
@@ -123,4 +123,4 @@ KillTrialReport RunKillTrials(const KillTrialOptions& options);
 
 }  // namespace cohort::testing
 
-#endif  // COHORT_TESTS_KILL_TRIALS_H_
+#endif  // COHORT_TESTS_TESTING_KILL_TRIALS_H_

@@ -1,5 +1,5 @@
-// ha_writer: the write load and checker of tests/etcd_ha_test.sh. Writes
-// through cohortd replicas (RemoteStore over several addresses) until
+// ha_writer: the write load and checker of tests/robustness/etcd_ha_test.sh.
+// Writes through cohortd replicas (RemoteStore over several addresses) until
 // SIGTERM, keeping every write whose reply arrived, then checks each of
 // them through a fresh connection:
 //   - every acknowledged Set is there with its value (none lost);
@@ -105,8 +105,7 @@ int main(int argc, char** argv) {
   }
   int64_t lost = 0;
   for (const auto& [key, value] : tally.sets) {
-    absl::StatusOr<std::string> got =
-        (*checker)->Get(key, absl::Seconds(5));
+    absl::StatusOr<std::string> got = (*checker)->Get(key, absl::Seconds(5));
     if (!got.ok() || *got != value) {
       if (lost < 5) {
         std::printf("LOST %s (expected %s): %s\n", key.c_str(), value.c_str(),
@@ -121,8 +120,8 @@ int main(int argc, char** argv) {
         (*checker)->Get(absl::StrCat(prefix, "counter"), absl::Seconds(5));
     if (!text.ok() || !absl::SimpleAtoi(*text, &counter)) counter = -1;
   }
-  const bool counter_ok = counter >= tally.adds &&
-                          counter <= tally.adds + tally.ambiguous_adds;
+  const bool counter_ok =
+      counter >= tally.adds && counter <= tally.adds + tally.ambiguous_adds;
   std::printf(
       "ha_writer: acknowledged_sets=%zu lost=%lld acknowledged_adds=%lld "
       "ambiguous_adds=%lld counter=%lld counter_ok=%d refused=%lld\n",

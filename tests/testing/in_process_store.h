@@ -1,9 +1,10 @@
 // InProcessStore: a cohort::Store with no server, backed by the same KvStore
-// that cohortd runs (in memory). For tests: it lives in tests/ because it
-// is where client code meets the server's storage, which nothing else may do.
+// that cohortd runs (in memory). For tests: it lives in tests/testing/
+// because it is where client code meets the server's storage, which nothing
+// else may do.
 // Thread-safe; blocking calls wait on the calling thread.
-#ifndef COHORT_TESTS_IN_PROCESS_STORE_H_
-#define COHORT_TESTS_IN_PROCESS_STORE_H_
+#ifndef COHORT_TESTS_TESTING_IN_PROCESS_STORE_H_
+#define COHORT_TESTS_TESTING_IN_PROCESS_STORE_H_
 
 #include <memory>
 
@@ -51,4 +52,4 @@ class InProcessStore final : public Store {
 
 }  // namespace cohort
 
-#endif  // COHORT_TESTS_IN_PROCESS_STORE_H_
+#endif  // COHORT_TESTS_TESTING_IN_PROCESS_STORE_H_

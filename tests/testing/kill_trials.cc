@@ -1,4 +1,4 @@
-#include "tests/kill_trials.h"
+#include "tests/testing/kill_trials.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -18,10 +18,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "proto/rpc/grpc_status.h"
 #include "cohort/v1/store.grpc.pb.h"
 #include "grpcpp/create_channel.h"
-#include "tests/cohortd_process.h"
+#include "proto/rpc/grpc_status.h"
+#include "tests/testing/cohortd_process.h"
 
 namespace cohort::testing {
 namespace {

@@ -1,4 +1,4 @@
-#include "tests/in_process_store.h"
+#include "tests/testing/in_process_store.h"
 
 #include <deque>
 #include <thread>

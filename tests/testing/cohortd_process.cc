@@ -1,4 +1,4 @@
-#include "tests/cohortd_process.h"
+#include "tests/testing/cohortd_process.h"
 
 #include <fcntl.h>
 #include <signal.h>

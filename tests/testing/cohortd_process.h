@@ -1,7 +1,7 @@
 // CohortdProcess: runs the real cohortd binary as a child process for tests
 // that need a separate server (kill -9, restarts, thread counts).
-#ifndef COHORT_TESTS_COHORTD_PROCESS_H_
-#define COHORT_TESTS_COHORTD_PROCESS_H_
+#ifndef COHORT_TESTS_TESTING_COHORTD_PROCESS_H_
+#define COHORT_TESTS_TESTING_COHORTD_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -53,4 +53,4 @@ class CohortdProcess {
 
 }  // namespace cohort::testing
 
-#endif  // COHORT_TESTS_COHORTD_PROCESS_H_
+#endif  // COHORT_TESTS_TESTING_COHORTD_PROCESS_H_
