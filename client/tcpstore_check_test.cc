@@ -2,7 +2,7 @@
 // against fake listeners on loopback that refuse, close, stay silent,
 // answer like another cohortd (PING, never the WAIT), or serve the store
 // the check writes to. cohortd's own listener is checked end to end by
-// tests/cohortrun_test.sh.
+// tests/integration/cohortrun_test.sh.
 #include "client/tcpstore_check.h"
 
 #include <netinet/in.h>

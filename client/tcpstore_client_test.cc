@@ -1,7 +1,7 @@
 // TcpStoreClient against Debian's real PyTorch 1.13 TCPStore server (a
 // /usr/bin/python3 child), and against scripted fake servers for what a
 // real one never does (bad replies, dropped connections). The 2.1 dialect
-// against cohortd is tests/tcpstore_client_test.cc.
+// against cohortd is tests/integration/tcpstore_client_test.cc.
 #include "client/tcpstore_client.h"
 
 #include <netinet/in.h>

@@ -94,8 +94,8 @@ TEST(RocksDbEngineTest, SyncWritesPersist) {
 }
 
 // A file system over the real one that can be made full: where the sandbox
-// cannot mount a small disk (tests/disk_full_test does). Once Fill() is
-// called, appends fail with ENOSPC beyond the room left, which starts at
+// cannot mount a small disk (tests/robustness/disk_full_test does). Once Fill()
+// is called, appends fail with ENOSPC beyond the room left, which starts at
 // zero and grows by the size of each file deleted, as on a real disk.
 class FullDiskFileSystem final : public rocksdb::FileSystemWrapper {
  public:

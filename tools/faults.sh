@@ -44,9 +44,9 @@ tsan_targets=(
   //server/coordination:membership_test
   //server/tcpstore:tcpstore_server_test
   //server/auth:auth_test
-  //tests:auth_test
+  //tests/integration:auth_test
   //worker/launch:tcpstore_proxy_test
-  //tests:remote_store_test
+  //tests/integration:remote_store_test
   //client:file_store_test
   //worker/collective:process_group_test
   //worker/collective:op_engine_test

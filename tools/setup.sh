@@ -15,8 +15,8 @@ packages=(
   libeigen3-dev libopenblas-dev
 )
 # prometheus-cpp: cohortd's /metrics (--metrics_listen); prometheus brings
-# promtool, which lints a live scrape in tests/promtool_test.sh. OpenSSL:
-# checking certificates at start and hashing tokens.
+# promtool, which lints a live scrape in tests/interop/promtool_test.sh.
+# OpenSSL: checking certificates at start and hashing tokens.
 packages+=(prometheus-cpp-dev prometheus libssl-dev openssl)
 # PyTorch 1.13 (run as /usr/bin/python3): the real TCPStore client, DDP and
 # torchrun that the interop tests drive against cohortd, and the baselines
@@ -78,7 +78,8 @@ fi
 
 # buf (npm's @bufbuild/buf, whose package carries its prebuilt binary):
 # `buf curl` calls cohortd through server reflection in
-# tests/buf_curl_test.sh. Pinned, in a folder of its own that the test knows.
+# tests/interop/buf_curl_test.sh. Pinned, in a folder of its own that the
+# test knows.
 buf_version=1.75.0
 if [[ "$("$tools/node_modules/.bin/buf" --version 2>/dev/null)" != "$buf_version" ]]; then
   echo "setup: installing buf $buf_version into $tools"
@@ -120,8 +121,8 @@ if ((missing_protos)); then
 fi
 
 # grpcurl, the gRPC command-line client cohort's design is inspected with
-# (tests/grpcurl_test.sh; docs/coordination.md), built by `go install` from
-# the Go module proxy at a pinned version into $tools/bin.
+# (tests/interop/grpcurl_test.sh; docs/coordination.md), built by `go
+# install` from the Go module proxy at a pinned version into $tools/bin.
 grpcurl_version=v1.9.3
 if [[ "$("$tools/bin/grpcurl" -version 2>&1)" != "grpcurl $grpcurl_version" ]]; then
   echo "setup: installing grpcurl $grpcurl_version into $tools/bin"

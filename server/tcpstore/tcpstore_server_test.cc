@@ -1,6 +1,6 @@
 // TcpStoreServer byte by byte: every query of both dialects, written from
 // the protocol's facts (no PyTorch 2.1+ client is installable here; the 1.13
-// client is driven for real by tests/torch_interop_test.sh), deferred
+// client is driven for real by tests/interop/torch_interop_test.sh), deferred
 // replies, the CANCEL_WAIT race, bad input and a client that never reads.
 #include "server/tcpstore/tcpstore_server.h"
 

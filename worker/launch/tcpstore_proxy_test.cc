@@ -1,6 +1,6 @@
 // TcpStoreProxy against a fake cohortd that records each connection's
 // namespace hello and echoes what follows. The real listener behind the
-// proxy, with PyTorch's clients, is tests/torch_cohortrun_test.sh.
+// proxy, with PyTorch's clients, is tests/interop/torch_cohortrun_test.sh.
 #include "worker/launch/tcpstore_proxy.h"
 
 #include <netinet/in.h>

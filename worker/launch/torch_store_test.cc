@@ -1,6 +1,6 @@
-// Where cohortrun sends its workers' torch stores, from what it was told
-// and what cohortd answered; and the messages of a failed start-up check.
-// The check against real cohortds runs in tests/cohortrun_test.sh.
+// Where cohortrun sends its workers' torch stores, from what it was told and
+// what cohortd answered; and the messages of a failed start-up check. The check
+// against real cohortds runs in tests/integration/cohortrun_test.sh.
 #include "worker/launch/torch_store.h"
 
 #include <netinet/in.h>
