@@ -23,6 +23,8 @@ from datetime import timedelta
 # The folder of the script being run, symlinks kept: under Bazel that is the
 # runfiles tree, where tools/torchrun and the binaries also are.
 HERE = os.path.dirname(os.path.abspath(sys.argv[0]))
+# The workspace root in that tree (this folder is tests/interop/torch).
+ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
 PYTHON = "/usr/bin/python3"
 # How long a check waits for what must happen before it gives up and fails
 # (only a broken store reaches it; it is not a bound on how fast).

@@ -18,7 +18,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import harness as ct  # noqa: E402
 
 ct.import_torch()
-TORCHRUN = os.path.join(ct.HERE, "..", "..", "tools", "torchrun")
+TORCHRUN = os.path.join(ct.ROOT, "tools", "torchrun")
 WORKER = os.path.join(ct.HERE, "torchrun_worker.py")
 RUN_ID = "interop42"
 WORLD = 4
