@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 COHORT_WITH_FUZZ=1 bash tools/setup.sh >/dev/null
 
 seconds=${1:-60}
-targets=(${FUZZ_TARGETS:-kv_store_fuzz file_store_parser_fuzz tcpstore_wire_fuzz auth_decision_fuzz})
+targets=(${FUZZ_TARGETS:-kv_store_fuzz file_store_parser_fuzz tcpstore_wire_fuzz tcpstore_session_fuzz auth_decision_fuzz})
 checkout=$(pwd -P | md5sum | cut -c1-8)  # one output base per checkout
 bazel_fuzz=(bazel "--output_base=${COHORT_FUZZ_OUTPUT_BASE:-$HOME/.cache/bazel_fuzz-$checkout}")
 
