@@ -32,6 +32,7 @@ cohort_torch first. Usage:
   program2_elastic.py --check --out DIR
 """
 import argparse
+import faulthandler
 import json
 import os
 import re
@@ -134,6 +135,8 @@ class Trainer:
 
 
 def main(backend, out):
+    # An abort prints the Python stack it happened under.
+    faulthandler.enable()
     dist.init_process_group(backend)
     torch.manual_seed(0)
     model = ToyModel()
@@ -141,6 +144,11 @@ def main(backend, out):
     trainer = Trainer(model, optimizer, out)
     trainer.train(TOTAL_STEPS)
     trainer.save_final()
+    # Once under a loaded full suite, rank 1 hung after its last step (and
+    # in another run aborted there, "terminate called without an active
+    # exception"): a rank still here a minute later prints every thread's
+    # stack, so the next time says where.
+    faulthandler.dump_traceback_later(60)
     dist.destroy_process_group()
 
 
