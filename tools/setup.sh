@@ -13,6 +13,7 @@ packages=(
   libuv1-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libeigen3-dev libopenblas-dev
+  zlib1g-dev
 )
 # prometheus-cpp: cohortd's /metrics (--metrics_listen); prometheus brings
 # promtool, which lints a live scrape in tests/interop/promtool_test.sh.
