@@ -103,6 +103,20 @@ ElementRange EvenShard(uint64_t numel, int rank, int world) {
   return {start, std::min<uint64_t>(numel, start + per) - start};
 }
 
+std::vector<FlatPiece> SplitFlatRange(const std::vector<size_t>& sizes,
+                                      uint64_t start, uint64_t count) {
+  std::vector<FlatPiece> pieces;
+  const uint64_t end = start + count;
+  uint64_t base = 0;  // Where tensor i begins in the concatenation.
+  for (size_t i = 0; i < sizes.size(); base += sizes[i], ++i) {
+    const uint64_t lo = std::max<uint64_t>(start, base);
+    const uint64_t hi = std::min<uint64_t>(end, base + sizes[i]);
+    if (lo >= hi) continue;
+    pieces.push_back({static_cast<int>(i), lo - base, lo - start, hi - lo});
+  }
+  return pieces;
+}
+
 struct CheckpointWriter::State {
   CheckpointOptions options;
 

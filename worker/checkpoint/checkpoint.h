@@ -153,6 +153,19 @@ struct ElementRange {
 };
 ElementRange EvenShard(uint64_t numel, int rank, int world);
 
+// The pieces of tensors of `sizes`, laid end to end (an FSDP flat unit),
+// that elements [start, start + count) of the concatenation cover: for
+// each, the tensor, the first element in it, where the piece begins
+// relative to `start`, and its length. Empty tensors yield no piece.
+struct FlatPiece {
+  int tensor = 0;
+  uint64_t start = 0;
+  uint64_t offset = 0;
+  uint64_t count = 0;
+};
+std::vector<FlatPiece> SplitFlatRange(const std::vector<size_t>& sizes,
+                                      uint64_t start, uint64_t count);
+
 }  // namespace cohort
 
 #endif  // COHORT_WORKER_CHECKPOINT_CHECKPOINT_H_

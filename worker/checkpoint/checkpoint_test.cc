@@ -122,6 +122,23 @@ TEST(EvenShardTest, SplitsAsFsdpPadsAFlatUnit) {
   EXPECT_EQ(EvenShard(2, 3, 4).start, 2u);
 }
 
+TEST(SplitFlatRangeTest, NamesEachTensorsPieceOfARange) {
+  // Tensors of 4, 0 and 3 elements: the concatenation is 7 long.
+  const std::vector<size_t> sizes = {4, 0, 3};
+  std::vector<FlatPiece> pieces = SplitFlatRange(sizes, 2, 4);  // [2, 6)
+  ASSERT_EQ(pieces.size(), 2u);
+  EXPECT_EQ(pieces[0].tensor, 0);
+  EXPECT_EQ(pieces[0].start, 2u);
+  EXPECT_EQ(pieces[0].offset, 0u);
+  EXPECT_EQ(pieces[0].count, 2u);
+  EXPECT_EQ(pieces[1].tensor, 2);
+  EXPECT_EQ(pieces[1].start, 0u);
+  EXPECT_EQ(pieces[1].offset, 2u);
+  EXPECT_EQ(pieces[1].count, 2u);
+  EXPECT_TRUE(SplitFlatRange(sizes, 7, 0).empty());
+  EXPECT_EQ(SplitFlatRange(sizes, 0, 7).size(), 2u);
+}
+
 TEST_F(CheckpointTest, SavedAtFourLoadsAtEveryOtherWorldSize) {
   SaveAtWorld(4, 100, /*async=*/false);
   for (int world : {1, 2, 3, 4, 5}) ExpectLoadsAtWorld(world, 100);

@@ -1,5 +1,6 @@
 #include "worker/parallel/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <utility>
@@ -92,6 +93,63 @@ class ElementwiseOptimizer : public Optimizer {
     return memory.Update(update);
   }
 
+  std::vector<int> slots() const override {
+    std::vector<int> out;
+    for (const auto& [slot, state] : slots_) out.push_back(slot);
+    return out;
+  }
+
+  absl::StatusOr<OptimizerSlotState> ExportSlot(int slot) const override {
+    auto it = slots_.find(slot);
+    if (it == slots_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat(name(), ": slot ", slot, " has no state yet"));
+    }
+    const SlotState& state = it->second;
+    if (state.device != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          name(), ": slot ", slot,
+          "'s state is in device memory; only host state is exported"));
+    }
+    OptimizerSlotState out;
+    out.step = state.step;
+    out.size = state.size;
+    for (int k = 0; k < num_states(); ++k) {
+      const float* data = state.state[k].floats();
+      out.buffers.emplace_back(data, data + state.size);
+    }
+    return out;
+  }
+
+  absl::Status ImportSlot(int slot, const OptimizerSlotState& in) override {
+    if (slot < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name(), ": slot must be >= 0, got ", slot));
+    }
+    if (static_cast<int>(in.buffers.size()) != num_states() || in.step < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name(), ": slot ", slot, ": ", in.buffers.size(),
+          " state buffers and step ", in.step, " imported; expected ",
+          num_states(), " and a step >= 0"));
+    }
+    SlotState fresh;
+    fresh.size = in.size;
+    fresh.step = in.step;
+    for (int k = 0; k < num_states(); ++k) {
+      if (in.buffers[k].size() != in.size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name(), ": slot ", slot, ": state buffer ", k, " has ",
+            in.buffers[k].size(), " elements, expected ", in.size));
+      }
+      absl::StatusOr<GroupBuffer> buffer = host_.AllocateFloats(in.size);
+      if (!buffer.ok()) return buffer.status();
+      std::copy(in.buffers[k].begin(), in.buffers[k].end(), buffer->floats());
+      fresh.state[k] = std::move(*buffer);
+    }
+    slots_[slot] = std::move(fresh);
+    return absl::OkStatus();
+  }
+
   size_t state_bytes() const override {
     size_t bytes = 0;
     for (const auto& [slot, state] : slots_) {
@@ -122,6 +180,10 @@ class Sgd : public ElementwiseOptimizer {
  public:
   explicit Sgd(const SgdOptions& options) : options_(options) {}
   absl::string_view name() const override { return "sgd"; }
+  std::vector<std::string> state_names() const override {
+    if (options_.momentum == 0.0f) return {};
+    return {"momentum_buffer"};
+  }
 
  protected:
   int num_states() const override { return options_.momentum == 0.0f ? 0 : 1; }
@@ -145,6 +207,9 @@ class Adam : public ElementwiseOptimizer {
  public:
   explicit Adam(const AdamOptions& options) : options_(options) {}
   absl::string_view name() const override { return "adam"; }
+  std::vector<std::string> state_names() const override {
+    return {"exp_avg", "exp_avg_sq"};
+  }
 
  protected:
   int num_states() const override { return 2; }

@@ -10,6 +10,8 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -34,6 +36,15 @@ struct AdamOptions {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;  // L2, as torch.optim.Adam (not AdamW).
+};
+
+// One slot's state as a checkpoint holds it, in host memory: the steps
+// taken and the state buffers, one per Optimizer::state_names(), each of
+// `size` elements.
+struct OptimizerSlotState {
+  long long step = 0;
+  size_t size = 0;
+  std::vector<std::vector<float>> buffers;
 };
 
 class Optimizer {
@@ -61,6 +72,21 @@ class Optimizer {
   virtual size_t state_bytes() const = 0;
 
   virtual absl::string_view name() const = 0;
+
+  // The state buffers each slot keeps, by name: torch.optim's
+  // ("momentum_buffer" for SGD with momentum, none without; "exp_avg" and
+  // "exp_avg_sq" for Adam).
+  virtual std::vector<std::string> state_names() const = 0;
+  // Slots that have state (stepped or imported), ascending.
+  virtual std::vector<int> slots() const = 0;
+  // A copy of the slot's state. NOT_FOUND for a slot that has none;
+  // FAILED_PRECONDITION for one in device memory.
+  virtual absl::StatusOr<OptimizerSlotState> ExportSlot(int slot) const = 0;
+  // Creates or replaces the slot's state in host memory, so that the next
+  // Step of the slot continues as the one that exported it would have.
+  // INVALID_ARGUMENT for a negative slot, or buffers that are not one per
+  // state name of `size` elements each.
+  virtual absl::Status ImportSlot(int slot, const OptimizerSlotState& state) = 0;
 };
 
 // INVALID_ARGUMENT naming the option for a negative or non-finite lr,

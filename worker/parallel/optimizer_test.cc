@@ -3,6 +3,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -205,6 +206,59 @@ TEST(OptimizerTest, FactoriesValidateOptions) {
   ExpectBadOption(NewAdam({.weight_decay = -1.0f}).status(), "weight_decay");
   EXPECT_TRUE(NewSgd({.lr = 0.0f}).ok());
   EXPECT_TRUE(NewAdam({.beta1 = 0.0f}).ok());
+}
+
+// An optimizer whose state is exported after some steps and imported into
+// a fresh one continues bit-identically: the checkpoint's resume.
+TEST(OptimizerTest, ExportedStateResumesBitIdentically) {
+  for (bool adam : {false, true}) {
+    auto make = [&] {
+      return adam ? NewAdam({.lr = 0.01f}).value()
+                  : NewSgd({.lr = 0.05f, .momentum = 0.9f}).value();
+    };
+    std::unique_ptr<Optimizer> whole = make();
+    std::unique_ptr<Optimizer> first = make();
+    std::vector<float> p_whole = {1.0f, -2.0f, 0.5f}, p_split = p_whole;
+    auto grad = [](int step) {
+      return std::vector<float>{0.1f * step, -0.3f, 0.7f / step};
+    };
+    for (int step = 1; step <= 3; ++step) {
+      ASSERT_TRUE(whole->Step(4, absl::MakeSpan(p_whole), grad(step)).ok());
+      ASSERT_TRUE(first->Step(4, absl::MakeSpan(p_split), grad(step)).ok());
+    }
+    auto exported = first->ExportSlot(4);
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    EXPECT_EQ(exported->step, 3);
+    EXPECT_EQ(exported->buffers.size(), first->state_names().size());
+    EXPECT_EQ(first->slots(), std::vector<int>{4});
+    std::unique_ptr<Optimizer> second = make();
+    ASSERT_TRUE(second->ImportSlot(4, *exported).ok());
+    for (int step = 4; step <= 6; ++step) {
+      ASSERT_TRUE(whole->Step(4, absl::MakeSpan(p_whole), grad(step)).ok());
+      ASSERT_TRUE(second->Step(4, absl::MakeSpan(p_split), grad(step)).ok());
+    }
+    EXPECT_EQ(std::memcmp(p_whole.data(), p_split.data(), 3 * sizeof(float)), 0)
+        << (adam ? "adam" : "sgd");
+  }
+}
+
+TEST(OptimizerTest, ImportChecksWhatItIsGiven) {
+  auto adam = NewAdam({}).value();
+  EXPECT_EQ(adam->state_names(), (std::vector<std::string>{"exp_avg", "exp_avg_sq"}));
+  EXPECT_TRUE(NewSgd({}).value()->state_names().empty());
+  EXPECT_EQ(adam->ExportSlot(0).status().code(), absl::StatusCode::kNotFound);
+  OptimizerSlotState one_buffer{.step = 1, .size = 2, .buffers = {{1, 2}}};
+  EXPECT_EQ(adam->ImportSlot(0, one_buffer).code(),
+            absl::StatusCode::kInvalidArgument);
+  OptimizerSlotState short_buffer{.step = 1, .size = 2, .buffers = {{1, 2}, {3}}};
+  EXPECT_TRUE(absl::StrContains(adam->ImportSlot(0, short_buffer).message(),
+                                "state buffer 1 has 1 elements, expected 2"));
+  EXPECT_EQ(adam->ImportSlot(-1, {}).code(), absl::StatusCode::kInvalidArgument);
+  // A slot imported with one size steps only at that size.
+  OptimizerSlotState good{.step = 2, .size = 2, .buffers = {{1, 2}, {3, 4}}};
+  ASSERT_TRUE(adam->ImportSlot(0, good).ok());
+  std::vector<float> three(3), g(3);
+  EXPECT_FALSE(adam->Step(0, absl::MakeSpan(three), g).ok());
 }
 
 }  // namespace
