@@ -8,7 +8,9 @@
 // for every mode and world size at the same --seed and --global_batch),
 // steps/s, the bytes each rank communicated and the bytes it held.
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/checkpoint_catalog.h"
+#include "client/file_store.h"
+#include "client/remote_store.h"
+#include "worker/checkpoint/checkpoint.h"
 #include "worker/collective/init/init.h"
 #include "worker/parallel/examples/mlp.h"
 #include "worker/parallel/examples/trainer.h"
@@ -59,6 +65,18 @@ ABSL_FLAG(int, compute_threads, 1,
 ABSL_FLAG(bool, verify_ops, true,
           "Ranks compare each collective before running it (see "
           "ProcessGroupOptions::verify_ops); false saves a round trip per op.");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Save sharded checkpoints in step folders here (a shared "
+          "filesystem), committed through cohortd under cohortrun, else "
+          "through a store file in the folder. Empty: no checkpoints.");
+ABSL_FLAG(int, checkpoint_every, 10,
+          "With --checkpoint_dir: save every N steps and after the last.");
+ABSL_FLAG(bool, checkpoint_sync, false,
+          "Save synchronously (default: a thread writes while training "
+          "goes on).");
+ABSL_FLAG(bool, resume, false,
+          "Start from the latest committed checkpoint in --checkpoint_dir's "
+          "catalog, at any world size (from the start when there is none).");
 ABSL_FLAG(std::string, params_out, "",
           "Rank 0 writes the final parameters here (raw f32, in order).");
 
@@ -84,6 +102,67 @@ absl::StatusOr<std::vector<int>> ParseDims(
 std::string Mib(size_t bytes) {
   return absl::StrFormat("%.2fMiB", bytes / 1048576.0);
 }
+
+// The run's checkpoint catalog, writer and resumed checkpoint, when
+// --checkpoint_dir is given. Under cohortrun the catalog is cohortd's
+// (COHORT_ADDR, the run's token from the environment), keyed by the run;
+// alone, a FileStore in the folder.
+struct Checkpoints {
+  std::unique_ptr<cohort::Store> store;
+  std::unique_ptr<cohort::CheckpointCatalog> catalog;
+  std::unique_ptr<cohort::CheckpointWriter> writer;
+  std::unique_ptr<cohort::CheckpointReader> resumed;
+
+  absl::Status Open(TrainConfig& config, int rank, int world) {
+    const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir);
+    if (dir.empty()) return absl::OkStatus();
+    const char* address = std::getenv("COHORT_ADDR");
+    const char* run = std::getenv("COHORT_RUN_ID");
+    const char* round = std::getenv("COHORT_ROUND");
+    std::string prefix;
+    if (address != nullptr && run != nullptr) {
+      cohort::RemoteStoreOptions options;
+      options.address = address;
+      absl::StatusOr<cohort::ConnectionOptions> with =
+          cohort::WithEnvironmentCredentials(options);
+      if (!with.ok()) return with.status();
+      auto remote = cohort::RemoteStore::Connect(*with);
+      if (!remote.ok()) return remote.status();
+      store = *std::move(remote);
+      prefix = cohort::CheckpointPrefix(run);
+    } else {
+      if (world > 1) {
+        return absl::FailedPreconditionError(
+            "--checkpoint_dir at world size > 1 needs cohortd (run under "
+            "cohortrun): the ranks commit through it");
+      }
+      auto file = cohort::FileStore::Open(dir + "/catalog.store");
+      if (!file.ok()) return file.status();
+      store = *std::move(file);
+      prefix = cohort::CheckpointPrefix("local");
+    }
+    catalog = std::make_unique<cohort::CheckpointCatalog>(store.get(), prefix);
+    if (absl::GetFlag(FLAGS_resume)) {
+      auto latest = cohort::CheckpointReader::OpenLatest(*catalog);
+      if (!latest.ok()) return latest.status();
+      resumed = *std::move(latest);
+      config.resume_from = resumed.get();
+    }
+    cohort::CheckpointOptions options;
+    options.dir = dir;
+    options.rank = rank;
+    options.world_size = world;
+    options.catalog = catalog.get();
+    if (round != nullptr) options.attempt = round;
+    auto made = cohort::CheckpointWriter::Create(options);
+    if (!made.ok()) return made.status();
+    writer = *std::move(made);
+    config.checkpoint_writer = writer.get();
+    config.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+    config.checkpoint_async = !absl::GetFlag(FLAGS_checkpoint_sync);
+    return absl::OkStatus();
+  }
+};
 
 absl::Status Run() {
   absl::StatusOr<TrainMode> mode =
@@ -127,6 +206,9 @@ absl::Status Run() {
   config.fsdp_prefetch =
       absl::GetFlag(FLAGS_prefetch) ? absl::GetFlag(FLAGS_fsdp_prefetch) : 0;
 
+  if (absl::GetFlag(FLAGS_resume) && absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+    return absl::InvalidArgumentError("--resume needs --checkpoint_dir");
+  }
   std::shared_ptr<cohort::ProcessGroup> group;
   if (config.mode != TrainMode::kLocal) {
     cohort::InitOptions init;
@@ -146,6 +228,15 @@ absl::Status Run() {
                 static_cast<unsigned long long>(config.seed));
     std::fflush(stdout);
   }
+  Checkpoints checkpoints;
+  if (absl::Status s = checkpoints.Open(config, rank, world); !s.ok()) return s;
+  if (lead && config.resume_from != nullptr) {
+    std::printf("resuming after step %lld from %s (saved at world %d)\n",
+                static_cast<long long>(config.resume_from->step()),
+                config.resume_from->folder().c_str(),
+                config.resume_from->world_size());
+    std::fflush(stdout);
+  }
   absl::StatusOr<cohort::examples::TrainReport> report =
       Train(config, group, [&](int step, float loss) {
         if (!lead) return;
@@ -153,6 +244,15 @@ absl::Status Run() {
         std::fflush(stdout);
       });
   if (!report.ok()) return report.status();
+  if (lead && config.checkpoint_writer != nullptr) {
+    std::printf("checkpoints: %d saved (%s), %.3f s of steps spent saving, "
+                "%.3f s writing\n",
+                report->checkpoints_saved,
+                config.checkpoint_async ? "async" : "sync",
+                report->checkpoint_stall_seconds,
+                config.checkpoint_writer->seconds_writing());
+    std::fflush(stdout);
+  }
   if (lead) {
     std::printf(
         "mode=%s world=%d param_checksum=%.9g steps_per_s=%.1f "

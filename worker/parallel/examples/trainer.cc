@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "worker/checkpoint/training_state.h"
 #include "worker/parallel/ddp.h"
 #include "worker/parallel/examples/data.h"
 #include "worker/parallel/examples/mlp.h"
@@ -65,6 +66,9 @@ absl::Status CheckConfig(const TrainConfig& c, int world) {
                      " must be a positive multiple of world size (", world,
                      ") x grad_accum (", c.grad_accum, ")"));
   }
+  if (c.checkpoint_every < 0) {
+    return absl::InvalidArgumentError("checkpoint_every must be >= 0");
+  }
   if (c.samples < static_cast<size_t>(c.global_batch)) {
     return absl::InvalidArgumentError(
         absl::StrCat("samples (", c.samples,
@@ -103,6 +107,16 @@ class Batches {
         // world size, walks the same global batches.
         batches_per_epoch_(data.size() / global_batch) {}
 
+  // Moves past the first `steps` global batches, as if they were taken:
+  // where training resumed from a checkpoint continues.
+  void SkipSteps(int steps) {
+    const size_t per_epoch = batches_per_epoch_ * per_rank_;
+    const size_t taken = static_cast<size_t>(steps) * per_rank_;
+    epoch_ = static_cast<int>(taken / per_epoch);
+    indices_ = sampler_.Indices(epoch_++);
+    offset_ = taken % per_epoch;
+  }
+
   // The next `count` samples of this rank's share of the current global
   // batch, as (inputs, targets).
   std::pair<Matrix, Matrix> Next(size_t count) {
@@ -133,12 +147,15 @@ struct Loop {
   const TrainConfig& config;
   ProcessGroup* group;  // Null: no loss reduction.
   const std::function<void(int, float)>& on_log;
+  // Saves a checkpoint of step s (the mode's training state).
+  std::function<absl::Status(int s)> save = nullptr;
+  int first = 1;  // The first step to run (after a resumed checkpoint's).
 
   absl::Status Run(const std::function<absl::StatusOr<float>()>& step,
                    TrainReport& report) {
     const absl::Time start = absl::Now();
     absl::Time after_first = start;
-    for (int s = 1; s <= config.steps; ++s) {
+    for (int s = first; s <= config.steps; ++s) {
       absl::StatusOr<float> loss = step();
       if (!loss.ok()) {
         return absl::Status(
@@ -157,17 +174,42 @@ struct Loop {
         report.losses.push_back(global);
         if (on_log) on_log(s, global);
       }
-      if (s == 1) after_first = absl::Now();
+      if (save != nullptr && config.checkpoint_writer != nullptr &&
+          config.checkpoint_every > 0 &&
+          (s % config.checkpoint_every == 0 || s == config.steps)) {
+        const absl::Time before = absl::Now();
+        if (absl::Status saved = save(s); !saved.ok()) {
+          return absl::Status(saved.code(), absl::StrCat("saving step ", s, ": ",
+                                                         saved.message()));
+        }
+        report.checkpoint_stall_seconds +=
+            absl::ToDoubleSeconds(absl::Now() - before);
+        ++report.checkpoints_saved;
+      }
+      if (s == first) after_first = absl::Now();
+    }
+    if (config.checkpoint_writer != nullptr) {
+      if (absl::Status s = config.checkpoint_writer->Wait(); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("saving the last checkpoint: ",
+                                                   s.message()));
+      }
     }
     const absl::Time end = absl::Now();
     report.seconds = absl::ToDoubleSeconds(end - start);
-    if (config.steps > 1) {
+    const int ran = config.steps - first + 1;
+    if (ran > 1) {
       report.steps_per_second =
-          (config.steps - 1) / absl::ToDoubleSeconds(end - after_first);
-    } else {
+          (ran - 1) / absl::ToDoubleSeconds(end - after_first);
+    } else if (ran == 1) {
       report.steps_per_second = 1 / report.seconds;
     }
     return absl::OkStatus();
+  }
+
+  // Where a resumed run starts: after the checkpoint's step.
+  void ResumeAfter(int step, TrainReport& report) {
+    first = step + 1;
+    report.resumed_after = step;
   }
 };
 
@@ -259,6 +301,21 @@ struct Job {
   std::unique_ptr<Optimizer> optimizer;
 };
 
+// Resumes a replica's training state from config.resume_from, if given.
+absl::Status ResumeReplica(const TrainConfig& c, Job& job,
+                           std::vector<std::vector<float>>& params, Loop& loop,
+                           TrainReport& report) {
+  if (c.resume_from == nullptr) return absl::OkStatus();
+  if (absl::Status s = LoadReplicaState(*c.resume_from, params, *job.optimizer);
+      !s.ok()) {
+    return s;
+  }
+  const int step = static_cast<int>(c.resume_from->step());
+  job.batches.SkipSteps(step);
+  loop.ResumeAfter(step, report);
+  return absl::OkStatus();
+}
+
 Mlp::LayerParams LayerOf(const std::vector<std::vector<float>>& params, int l) {
   return {params[2 * l].data(), params[2 * l + 1].data()};
 }
@@ -273,6 +330,13 @@ absl::StatusOr<TrainReport> TrainAlone(const TrainConfig& c, int world,
   for (const auto& p : params) grads.emplace_back(p.size());
 
   TrainReport report;
+  if (absl::Status s = ResumeReplica(c, job, params, loop, report); !s.ok()) {
+    return s;
+  }
+  loop.save = [&](int step) {
+    return SaveReplicaState(*c.checkpoint_writer, c.checkpoint_async, step,
+                            rank, world, params, *job.optimizer);
+  };
   absl::Status status = loop.Run(
       [&]() -> absl::StatusOr<float> {
         for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
@@ -304,6 +368,15 @@ absl::StatusOr<TrainReport> TrainDdp(const TrainConfig& c,
   Job job(c, group->size(), group->rank());
   if (absl::Status s = job.Init(); !s.ok()) return s;
   std::vector<std::vector<float>> params = job.mlp.Init(c.seed);
+  TrainReport report;
+  if (absl::Status s = ResumeReplica(c, job, params, loop, report); !s.ok()) {
+    return s;
+  }
+  loop.save = [&](int step) {
+    return SaveReplicaState(*c.checkpoint_writer, c.checkpoint_async, step,
+                            group->rank(), group->size(), params,
+                            *job.optimizer);
+  };
   std::vector<BufferView> views;
   for (auto& p : params) views.push_back(BufferView::Of(p.data(), p.size()));
   if (absl::Status s = BroadcastFromRank0(*group, views); !s.ok()) return s;
@@ -320,7 +393,6 @@ absl::StatusOr<TrainReport> TrainDdp(const TrainConfig& c,
   if (!reducer.ok()) return reducer.status();
   Reducer& r = **reducer;
 
-  TrainReport report;
   absl::Status status = loop.Run(
       [&]() -> absl::StatusOr<float> {
         r.ZeroGrad();
@@ -373,7 +445,18 @@ absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
       Fsdp::Create(group, std::move(units), options);
   if (!created.ok()) return created.status();
   Fsdp& fsdp = **created;
-  {
+  TrainReport report;
+  if (c.resume_from != nullptr) {
+    // Each rank reads its shards, re-cut for this world size.
+    if (absl::Status s = LoadFsdpState(*c.resume_from, fsdp,
+                                       job.mlp.ParamSizes(), *job.optimizer);
+        !s.ok()) {
+      return s;
+    }
+    const int step = static_cast<int>(c.resume_from->step());
+    job.batches.SkipSteps(step);
+    loop.ResumeAfter(step, report);
+  } else {
     // Every rank builds the initial values (from the seed), but only rank
     // 0's count: they are broadcast, then each rank keeps its shard.
     const std::vector<std::vector<float>> initial = job.mlp.Init(c.seed);
@@ -384,10 +467,13 @@ absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
     if (absl::Status s = fsdp.LoadFromRank0(values); !s.ok()) return s;
   }
 
+  loop.save = [&](int step) {
+    return SaveFsdpState(*c.checkpoint_writer, c.checkpoint_async, step, fsdp,
+                         job.mlp.ParamSizes(), *job.optimizer);
+  };
   auto params_of = [&](int l) -> Mlp::LayerParams {
     return {fsdp.param(l, 0).data(), fsdp.param(l, 1).data()};
   };
-  TrainReport report;
   absl::Status status = loop.Run(
       [&]() -> absl::StatusOr<float> {
         fsdp.ZeroGrad();

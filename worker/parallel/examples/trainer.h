@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "worker/checkpoint/checkpoint.h"
 #include "worker/collective/process_group.h"
 
 namespace cohort::examples {
@@ -62,6 +63,17 @@ struct TrainConfig {
   std::string comm_hook = "none";  // "none", "fp16" or "bf16".
   // FSDP: units gathered ahead of the one computing (FsdpOptions).
   int fsdp_prefetch = 1;
+  // Checkpoints (docs/checkpoints.md). With a writer, the parameters and
+  // the optimizer's state are saved every checkpoint_every steps (> 0) and
+  // after the last step, asynchronously unless checkpoint_async is false;
+  // Train returns once the last save is committed. With resume_from,
+  // training starts after the checkpoint's step with its parameters,
+  // optimizer state and place in the data, whatever the world size that
+  // saved it, so the loss curve continues where it left off.
+  CheckpointWriter* checkpoint_writer = nullptr;
+  int checkpoint_every = 0;
+  bool checkpoint_async = true;
+  const CheckpointReader* resume_from = nullptr;
 };
 
 struct TrainReport {
@@ -80,6 +92,12 @@ struct TrainReport {
   size_t peak_bytes = 0;
   // FSDP: the most bytes of gathered (full) unit parameters held at once.
   size_t peak_gathered_bytes = 0;
+  // The checkpoint step training resumed after (0: from the start), the
+  // saves made, and the seconds the step loop spent in them (for an async
+  // save: copying the shards).
+  int resumed_after = 0;
+  int checkpoints_saved = 0;
+  double checkpoint_stall_seconds = 0;
 };
 
 // Trains per `config` as rank group->rank() of group->size() (`group` may be
