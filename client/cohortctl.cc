@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "base/signals.h"
 #include "client/auth_client.h"
+#include "client/checkpoint_catalog.h"
 #include "client/info_client.h"
 #include "client/remote_store.h"
 #include "client/rendezvous_client.h"
@@ -71,6 +72,9 @@ Commands:
                             (node ranks START to END-1; default all), one a
                             line: NODE_RANK NODE_ID ADDRESS LOCAL_WORLD_SIZE
                             FIRST_GLOBAL_RANK
+  checkpoints RUN           print RUN's committed checkpoints, oldest first,
+                            one a line: STEP WORLD_SIZE BYTES CREATED PATH,
+                            "latest" after the one a resume loads
   info                      print what cohortd is, a NAME VALUE a line:
                             version, engine, server_id, and its TCPStore
                             listener: tcpstore HOST:PORT to dial (or
@@ -390,6 +394,29 @@ int StoreCommand(const std::string& command,
     absl::StatusOr<int64_t> v = store.NumKeys();
     if (!v.ok()) return Fail(v.status());
     PrintLine(absl::StrCat(*v));
+    return 0;
+  }
+  if (command == "checkpoints") {
+    if (!need(1, 1)) return Usage("checkpoints takes RUN");
+    cohort::CheckpointCatalog catalog(&store, cohort::CheckpointPrefix(args[0]));
+    auto list = catalog.List();
+    if (!list.ok()) return Fail(list.status());
+    auto latest = catalog.Latest();
+    if (!latest.ok()) return Fail(latest.status());
+    if (list->empty()) {
+      std::fprintf(stderr, "cohortctl: run %s has no committed checkpoint\n",
+                   args[0].c_str());
+    }
+    for (const cohort::v1::CheckpointRecord& r : *list) {
+      const bool is_latest =
+          latest->has_value() && (*latest)->step() == r.step();
+      PrintLine(absl::StrCat(
+          r.step(), " ", r.world_size(), " ", r.bytes(), " ",
+          absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ",
+                           absl::FromUnixMillis(r.created_unix_ms()),
+                           absl::UTCTimeZone()),
+          " ", r.path(), is_latest ? " latest" : ""));
+    }
     return 0;
   }
   if (command == "watch") {

@@ -7,6 +7,7 @@
 // param_checksum= (the sum of all final parameters: equal, up to rounding,
 // for every mode and world size at the same --seed and --global_batch),
 // steps/s, the bytes each rank communicated and the bytes it held.
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -74,9 +75,16 @@ ABSL_FLAG(int, checkpoint_every, 10,
 ABSL_FLAG(bool, checkpoint_sync, false,
           "Save synchronously (default: a thread writes while training "
           "goes on).");
+ABSL_FLAG(std::string, checkpoint_run, "",
+          "Under cohortrun: the run whose checkpoints to resume from and "
+          "save to (default: this run, $COHORT_RUN_ID).");
 ABSL_FLAG(bool, resume, false,
           "Start from the latest committed checkpoint in --checkpoint_dir's "
           "catalog, at any world size (from the start when there is none).");
+ABSL_FLAG(int, fault_kill_after_step, 0,
+          "Fault drills: in a job's first attempt ($COHORT_RESTART_COUNT "
+          "unset or 0) the last rank SIGKILLs itself once step N is logged "
+          "(see --log_every); 0: never.");
 ABSL_FLAG(std::string, params_out, "",
           "Rank 0 writes the final parameters here (raw f32, in order).");
 
@@ -129,7 +137,8 @@ struct Checkpoints {
       auto remote = cohort::RemoteStore::Connect(*with);
       if (!remote.ok()) return remote.status();
       store = *std::move(remote);
-      prefix = cohort::CheckpointPrefix(run);
+      const std::string named = absl::GetFlag(FLAGS_checkpoint_run);
+      prefix = cohort::CheckpointPrefix(named.empty() ? run : named);
     } else {
       if (world > 1) {
         return absl::FailedPreconditionError(
@@ -228,6 +237,10 @@ absl::Status Run() {
                 static_cast<unsigned long long>(config.seed));
     std::fflush(stdout);
   }
+  const char* restarts = std::getenv("COHORT_RESTART_COUNT");
+  const bool first_attempt = restarts == nullptr || std::string(restarts) == "0";
+  const int kill_after =
+      first_attempt ? absl::GetFlag(FLAGS_fault_kill_after_step) : 0;
   Checkpoints checkpoints;
   if (absl::Status s = checkpoints.Open(config, rank, world); !s.ok()) return s;
   if (lead && config.resume_from != nullptr) {
@@ -239,6 +252,11 @@ absl::Status Run() {
   }
   absl::StatusOr<cohort::examples::TrainReport> report =
       Train(config, group, [&](int step, float loss) {
+        if (step == kill_after && rank == world - 1) {
+          std::fprintf(stderr, "train: rank %d: SIGKILL after step %d "
+                       "(--fault_kill_after_step)\n", rank, step);
+          std::raise(SIGKILL);
+        }
         if (!lead) return;
         std::printf("step %d loss=%.6f\n", step, loss);
         std::fflush(stdout);
