@@ -6,7 +6,7 @@
 #   store -> proto (the c10d rules only)
 # and inside server/: rpc, tcpstore and metrics over coordination and auth;
 # coordination, store/, base/ and the data plane never reach gRPC.
-# and inside worker/: parallel -> collective, torch -> collective/init ->
+# and inside worker/: checkpoint -> parallel -> collective, torch -> collective/init ->
 # {gloo, nccl} -> collective; launch stands alone.
 #
 # 1. No library or binary reaches a room it must not, even through others
@@ -75,6 +75,16 @@ for backend in //worker/collective/gloo/... //worker/collective/nccl/...; do
 done
 no_path //worker/collective/gloo/... //worker/collective/nccl/...
 no_path //worker/collective/nccl/... //worker/collective/gloo/...
+
+# worker/checkpoint sits on parallel/ (the training state) and the client's
+# catalog: nothing under it reaches it but the trainer, and it reaches no
+# backend and not the launcher.
+no_path //worker/collective/... //worker/checkpoint/...
+no_path //worker/parallel:all //worker/checkpoint/...
+for room in //worker/collective/gloo/... //worker/collective/nccl/... \
+  //worker/collective/init/... //worker/launch/...; do
+  no_path //worker/checkpoint/... "$room"
+done
 
 # gRPC stays in the rooms that speak it (server/rpc, server/auth,
 # server/metrics, server/ha, cohortd's composition, client/, proto/): the
