@@ -140,36 +140,30 @@ absl::Status CheckpointCatalog::WaitCommitted(int64_t step,
 
 absl::Status CheckpointCatalog::Commit(const v1::CheckpointRecord& record) {
   const std::string value = record.SerializeAsString();
-  if (absl::Status s = store_->Set(CommittedKey(record.step()), value);
-      !s.ok()) {
-    return s;
+  const std::string key = CommittedKey(record.step());
+  absl::StatusOr<std::string> now = store_->CompareSet(key, "", value);
+  if (!now.ok()) return now.status();
+  if (*now != value) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "checkpoint of step ", record.step(), " is already committed in ",
+        prefix_, " with another record"));
   }
-  // Move `latest` forward only: compare_set from whatever it holds, unless
-  // it already names this step or a newer one.
-  const std::string latest_key = absl::StrCat(prefix_, "latest");
-  std::string expected;
-  for (;;) {
-    absl::StatusOr<std::string> now =
-        store_->CompareSet(latest_key, expected, value);
-    if (!now.ok()) return now.status();
-    if (*now == value) return absl::OkStatus();
-    if (now->empty() && expected.empty()) continue;  // Raced a delete.
-    absl::StatusOr<v1::CheckpointRecord> current = ParseRecord(latest_key, *now);
-    if (!current.ok()) return current.status();
-    if (current->step() >= record.step()) return absl::OkStatus();
-    expected = *now;
-  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<v1::CheckpointRecord>>
 CheckpointCatalog::Latest() {
-  const std::string key = absl::StrCat(prefix_, "latest");
-  absl::StatusOr<bool> there = store_->Check({key});
-  if (!there.ok()) return there.status();
-  if (!*there) return std::optional<v1::CheckpointRecord>();
-  absl::StatusOr<std::string> value = store_->Get(key, absl::ZeroDuration());
+  absl::StatusOr<KeyList> keys =
+      store_->ListKeys(absl::StrCat(prefix_, "committed/"));
+  if (!keys.ok()) return keys.status();
+  if (keys->keys.empty()) return std::optional<v1::CheckpointRecord>();
+  // Committed records are never deleted by cohort; one an operator deletes
+  // between the listing and the read times out rather than blocking.
+  absl::StatusOr<std::string> value =
+      store_->Get(keys->keys.back(), absl::Seconds(10));
   if (!value.ok()) return value.status();
-  absl::StatusOr<v1::CheckpointRecord> record = ParseRecord(key, *value);
+  absl::StatusOr<v1::CheckpointRecord> record =
+      ParseRecord(keys->keys.back(), *value);
   if (!record.ok()) return record.status();
   return std::optional<v1::CheckpointRecord>(*std::move(record));
 }

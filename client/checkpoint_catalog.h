@@ -9,17 +9,18 @@
 //                         a CheckpointPart, set by the rank once its data
 //                         file is on disk, fsync included (<attempt> keeps
 //                         an earlier try at the step, which died, apart);
-//   committed/<step>      a CheckpointRecord, set by the committer once
-//                         every part is reported and metadata.json is
-//                         durable: the checkpoint exists from then on;
-//   latest                the newest committed step's CheckpointRecord,
-//                         moved only forward, by compare_set.
-// <step> is 12 decimal digits, so keys list in step order. Values are
-// binary protobuf (proto/cohort/v1/checkpoint.proto).
+//   committed/<step>      a CheckpointRecord, created by the committer with
+//                         one compare_set once every part is reported and
+//                         metadata.json is durable: that single atomic
+//                         write is the commit, and the checkpoint exists
+//                         from then on.
+// <step> is 12 decimal digits, so keys list in step order, and the latest
+// checkpoint is the last key under committed/. Values are binary protobuf
+// (proto/cohort/v1/checkpoint.proto).
 //
-// A crash anywhere before `committed/<step>` is set leaves the previous
-// checkpoint the latest; a folder on disk without its record is not a
-// checkpoint, whatever files it holds.
+// A crash anywhere before the compare_set leaves the previous checkpoint
+// the latest; a folder on disk without its record is not a checkpoint,
+// whatever files it holds.
 #ifndef COHORT_CLIENT_CHECKPOINT_CATALOG_H_
 #define COHORT_CLIENT_CHECKPOINT_CATALOG_H_
 
@@ -66,11 +67,13 @@ class CheckpointCatalog {
   absl::StatusOr<bool> IsCommitted(int64_t step);
   absl::Status WaitCommitted(int64_t step, absl::Duration timeout);
 
-  // Records `record` as committed, then makes it the latest unless a
-  // newer step already is. Safe to race with other committers.
+  // Commits `record`: creates committed/<step> with one compare_set.
+  // ALREADY_EXISTS if the step was committed with another record (a
+  // commit of the same record again is OK).
   absl::Status Commit(const v1::CheckpointRecord& record);
 
-  // The latest committed checkpoint; nullopt when there is none.
+  // The committed checkpoint of the highest step; nullopt when there is
+  // none.
   absl::StatusOr<std::optional<v1::CheckpointRecord>> Latest();
 
   // Every committed checkpoint, oldest step first.

@@ -75,7 +75,7 @@ TEST_F(CheckpointCatalogTest, NoCheckpointMeansNoLatestAndAnEmptyList) {
   EXPECT_TRUE(list->empty());
 }
 
-TEST_F(CheckpointCatalogTest, LatestMovesOnlyForward) {
+TEST_F(CheckpointCatalogTest, TheLatestIsTheHighestStepCommitted) {
   CheckpointCatalog catalog(store_.get(), CheckpointPrefix("run1"));
   EXPECT_FALSE(*catalog.IsCommitted(10));
   EXPECT_THAT(catalog.WaitCommitted(10, absl::Milliseconds(10)).message(),
@@ -84,6 +84,11 @@ TEST_F(CheckpointCatalogTest, LatestMovesOnlyForward) {
   EXPECT_TRUE(*catalog.IsCommitted(10));
   EXPECT_TRUE(catalog.WaitCommitted(10, absl::Milliseconds(10)).ok());
   ASSERT_TRUE(catalog.Commit(Record(5)).ok());  // A slow, older committer.
+  // The same record again is fine; another record for a step is refused.
+  EXPECT_TRUE(catalog.Commit(Record(5)).ok());
+  v1::CheckpointRecord other = Record(5);
+  other.set_bytes(1);
+  EXPECT_EQ(catalog.Commit(other).code(), absl::StatusCode::kAlreadyExists);
   auto latest = catalog.Latest();
   ASSERT_TRUE(latest.ok() && latest->has_value());
   EXPECT_EQ((*latest)->step(), 10);

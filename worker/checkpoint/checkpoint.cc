@@ -358,17 +358,18 @@ absl::StatusOr<uint64_t> CheckpointReader::Numel(absl::string_view name) const {
   return CheckpointNumel(metadata_.tensors(it->second));
 }
 
-absl::StatusOr<std::vector<float>> CheckpointReader::ReadShard(
-    const v1::CheckpointTensor& tensor, const v1::CheckpointShard& shard) const {
+absl::Status CheckpointReader::ReadShard(const v1::CheckpointTensor& tensor,
+                                         const v1::CheckpointShard& shard,
+                                         absl::Span<float> out) const {
   const std::string path = absl::StrCat(folder_, "/", shard.file());
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("cannot open the checkpoint's data file", path);
-  std::vector<float> values(shard.count());
-  char* out = reinterpret_cast<char*>(values.data());
-  const size_t bytes = values.size() * sizeof(float);
+  char* bytes_out = reinterpret_cast<char*>(out.data());
+  const size_t bytes = out.size() * sizeof(float);
   size_t done = 0;
   while (done < bytes) {
-    const ssize_t n = pread(fd, out + done, bytes - done, shard.offset() + done);
+    const ssize_t n =
+        pread(fd, bytes_out + done, bytes - done, shard.offset() + done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       absl::Status s = n < 0 ? ErrnoError("cannot read", path)
@@ -382,13 +383,13 @@ absl::StatusOr<std::vector<float>> CheckpointReader::ReadShard(
     done += static_cast<size_t>(n);
   }
   close(fd);
-  if (Crc32(out, bytes) != shard.crc32()) {
+  if (Crc32(bytes_out, bytes) != shard.crc32()) {
     return absl::DataLossError(absl::StrCat(
         "checkpoint of step ", step(), ": tensor '", tensor.name(),
         "''s shard at bytes ", shard.offset(), "+", bytes, " of ", path,
         " fails its CRC-32 check: the file was changed or damaged"));
   }
-  return values;
+  return absl::OkStatus();
 }
 
 absl::Status CheckpointReader::Read(absl::string_view name, uint64_t start,
@@ -406,9 +407,20 @@ absl::Status CheckpointReader::Read(absl::string_view name, uint64_t start,
     const uint64_t lo = std::max<uint64_t>(start, s.start());
     const uint64_t hi = std::min<uint64_t>(end, s.start() + s.count());
     if (lo >= hi) continue;
-    absl::StatusOr<std::vector<float>> values = ReadShard(t, s);
-    if (!values.ok()) return values.status();
-    std::copy(values->begin() + (lo - s.start()), values->begin() + (hi - s.start()),
+    if (lo == s.start() && hi == s.start() + s.count()) {
+      // The whole shard is wanted: read it in place.
+      if (absl::Status st = ReadShard(t, s, out.subspan(lo - start, s.count()));
+          !st.ok()) {
+        return st;
+      }
+      continue;
+    }
+    // Part of it: the whole shard is read, for its CRC-32.
+    std::vector<float> values(s.count());
+    if (absl::Status st = ReadShard(t, s, absl::MakeSpan(values)); !st.ok()) {
+      return st;
+    }
+    std::copy(values.begin() + (lo - s.start()), values.begin() + (hi - s.start()),
               out.begin() + (lo - start));
   }
   return absl::OkStatus();
@@ -417,7 +429,10 @@ absl::Status CheckpointReader::Read(absl::string_view name, uint64_t start,
 absl::Status CheckpointReader::Verify() const {
   for (const v1::CheckpointTensor& t : metadata_.tensors()) {
     for (const v1::CheckpointShard& s : t.shards()) {
-      if (absl::Status st = ReadShard(t, s).status(); !st.ok()) return st;
+      std::vector<float> values(s.count());
+      if (absl::Status st = ReadShard(t, s, absl::MakeSpan(values)); !st.ok()) {
+        return st;
+      }
     }
   }
   return absl::OkStatus();

@@ -20,8 +20,9 @@
 //      fsync'd and renamed to rank-<r>.bin, and the folder fsync'd;
 //   2. the rank reports its part (file, shards, CRC-32s) to the store;
 //   3. rank 0 waits for every part, writes metadata.json the same way
-//      (tmp, fsync, rename, fsync), and commits: the step's record goes to
-//      the store and `latest` moves to it by compare_set;
+//      (tmp, fsync, rename, fsync), and commits: the step's record is
+//      created in the store by one compare_set, and the highest step
+//      committed is the latest;
 //   4. the other ranks wait for the record, so a save that returns OK on
 //      any rank is committed.
 // A crash at any point leaves the previous checkpoint the latest: the
@@ -135,9 +136,10 @@ class CheckpointReader {
 
  private:
   CheckpointReader(std::string folder, v1::CheckpointMetadata metadata);
-  absl::StatusOr<std::vector<float>> ReadShard(
-      const v1::CheckpointTensor& tensor,
-      const v1::CheckpointShard& shard) const;
+  // Reads `shard` into `out` (its size) and checks its CRC-32.
+  absl::Status ReadShard(const v1::CheckpointTensor& tensor,
+                         const v1::CheckpointShard& shard,
+                         absl::Span<float> out) const;
 
   std::string folder_;
   v1::CheckpointMetadata metadata_;
