@@ -36,7 +36,8 @@ done
 # server's rendezvous and membership state machines, client and server over
 # gRPC in one process, and the collectives (thread-driven ops, forked Gloo
 # ranks, DDP and FSDP, the NCCL backend's watchdog and engine over the fake
-# NCCL, DDP and FSDP on its device memory). The tests that drive cohortd as a subprocess run
+# NCCL, DDP and FSDP on its device memory; the checkpoint writer's
+# thread). The tests that drive cohortd as a subprocess run
 # under ASan only: see docs/operating.md for why.
 tsan_targets=(
   //store:all
@@ -60,6 +61,8 @@ tsan_targets=(
   //worker/collective/nccl:watched_comm_test
   //worker/collective/nccl:nccl_process_group_test
   //worker/parallel:device_buffers_test
+  //worker/checkpoint:checkpoint_test
+  //worker/checkpoint:training_state_test
 )
 # gRPC's completion queue is not instrumented: under eight clients' load,
 # or over eleven thousand calls in a row, TSan cannot always recover the
