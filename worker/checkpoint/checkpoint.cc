@@ -129,7 +129,7 @@ struct CheckpointWriter::State {
   absl::StatusOr<PendingSave> Prepare(
       int64_t step, const std::vector<ShardToSave>& shards,
       const std::map<std::string, std::string>& attributes) const;
-  absl::Status Write(PendingSave& save) const;
+  absl::Status Write(PendingSave& save) const;  // Fills the CRC-32s.
 };
 
 absl::StatusOr<PendingSave> CheckpointWriter::State::Prepare(
@@ -178,8 +178,7 @@ absl::StatusOr<PendingSave> CheckpointWriter::State::Prepare(
     shard->set_offset(offset);
     shard->set_start(s.start);
     shard->set_count(s.data.size());
-    shard->set_crc32(Crc32(save.image.data() + offset, bytes));
-    offset += bytes;
+    offset += bytes;  // Its CRC-32 is computed by Write, off the caller.
   }
   return save;
 }
@@ -192,6 +191,12 @@ absl::Status CheckpointWriter::State::Write(PendingSave& save) const {
     return absl::AlreadyExistsError(absl::StrCat(
         "checkpoint of step ", save.step, " is already committed in ",
         catalog.prefix(), "; a checkpoint is never overwritten"));
+  }
+  for (v1::CheckpointTensor& t : *save.part.mutable_tensors()) {
+    for (v1::CheckpointShard& shard : *t.mutable_shards()) {
+      shard.set_crc32(Crc32(save.image.data() + shard.offset(),
+                            shard.count() * sizeof(float)));
+    }
   }
   const std::string folder =
       absl::StrCat(options.dir, "/", CheckpointFolderName(save.step));
