@@ -323,6 +323,28 @@ absl::StatusOr<cohort::RemoteStoreOptions> OptionsFromFlags() {
   return options;
 }
 
+// `cohortctl checkpoints RUN`: the run's committed checkpoints, oldest
+// first, the latest marked.
+int PrintCheckpoints(cohort::RemoteStore& store, const std::string& run) {
+  cohort::CheckpointCatalog catalog(&store, cohort::CheckpointPrefix(run));
+  auto list = catalog.List();
+  if (!list.ok()) return Fail(list.status());
+  if (list->empty()) {
+    std::fprintf(stderr, "cohortctl: run %s has no committed checkpoint\n",
+                 run.c_str());
+  }
+  for (const cohort::v1::CheckpointRecord& r : *list) {
+    const bool latest = &r == &list->back();
+    PrintLine(absl::StrCat(
+        r.step(), " ", r.world_size(), " ", r.bytes(), " ",
+        absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ",
+                         absl::FromUnixMillis(r.created_unix_ms()),
+                         absl::UTCTimeZone()),
+        " ", r.path(), latest ? " latest" : ""));
+  }
+  return 0;
+}
+
 // The store's commands: set, get, add, cas, delete, wait, check, list,
 // num-keys and watch.
 int StoreCommand(const std::string& command,
@@ -396,29 +418,6 @@ int StoreCommand(const std::string& command,
     PrintLine(absl::StrCat(*v));
     return 0;
   }
-  if (command == "checkpoints") {
-    if (!need(1, 1)) return Usage("checkpoints takes RUN");
-    cohort::CheckpointCatalog catalog(&store, cohort::CheckpointPrefix(args[0]));
-    auto list = catalog.List();
-    if (!list.ok()) return Fail(list.status());
-    auto latest = catalog.Latest();
-    if (!latest.ok()) return Fail(latest.status());
-    if (list->empty()) {
-      std::fprintf(stderr, "cohortctl: run %s has no committed checkpoint\n",
-                   args[0].c_str());
-    }
-    for (const cohort::v1::CheckpointRecord& r : *list) {
-      const bool is_latest =
-          latest->has_value() && (*latest)->step() == r.step();
-      PrintLine(absl::StrCat(
-          r.step(), " ", r.world_size(), " ", r.bytes(), " ",
-          absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ",
-                           absl::FromUnixMillis(r.created_unix_ms()),
-                           absl::UTCTimeZone()),
-          " ", r.path(), is_latest ? " latest" : ""));
-    }
-    return 0;
-  }
   if (command == "watch") {
     if (!need(0, 1)) return Usage("watch takes at most a PREFIX");
     return RunWatch(store, args.empty() ? "" : args[0], stop_signals);
@@ -458,6 +457,10 @@ int main(int argc, char** argv) {
     // Other commands die of SIGINT/SIGTERM as usual: the main thread takes
     // them (gRPC's threads keep them blocked).
     pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+  }
+  if (command == "checkpoints") {
+    if (args.size() != 1) return Usage("checkpoints takes RUN");
+    return PrintCheckpoints(**connected, args[0]);
   }
   return StoreCommand(command, args, **connected, absl::Seconds(timeout_s),
                       stop_signals);
