@@ -31,11 +31,6 @@ float Grad(int step, size_t param, size_t i) {
   return 0.5f - 0.03f * step * (param + 1) + 0.002f * i;
 }
 
-#define RANK_OK(expr)                                       \
-  do {                                                      \
-    if (absl::Status s_ = (expr); !s_.ok()) return s_;      \
-  } while (0)
-
 class TrainingStateTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -23,26 +23,6 @@ using ::cohort::testing::RunRanks;
 using ::cohort::testing::TempPath;
 using ::cohort::testing::WriteFloats;
 
-// Inside a forked rank gtest assertions do not reach the parent: a rank
-// reports a failed check as its error status instead.
-#define RANK_CHECK(cond)                                                    \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      return absl::InternalError(                                           \
-          absl::StrCat(__FILE__, ":", __LINE__, ": check failed: " #cond)); \
-    }                                                                       \
-  } while (0)
-
-#define RANK_OK(expr)                                                          \
-  do {                                                                         \
-    absl::Status rank_status = (expr);                                         \
-    if (!rank_status.ok()) {                                                   \
-      return absl::Status(                                                     \
-          rank_status.code(),                                                  \
-          absl::StrCat(__FILE__, ":", __LINE__, ": ", rank_status.message())); \
-    }                                                                          \
-  } while (0)
-
 // A tiny MLP: 6 -> 5 -> 5 -> 3, tanh between layers, MSE loss, one FSDP
 // unit per layer. The units' flat sizes (35, 30, 18) are not multiples of
 // 2 or 4, so padding is exercised.

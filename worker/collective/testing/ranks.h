@@ -12,8 +12,29 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "worker/collective/process_group.h"
+
+// Inside a forked rank gtest assertions do not reach the parent: a rank
+// reports a failed check as its error status instead.
+#define RANK_CHECK(cond)                                                    \
+  do {                                                                      \
+    if (!(cond)) {                                                          \
+      return absl::InternalError(                                           \
+          absl::StrCat(__FILE__, ":", __LINE__, ": check failed: " #cond)); \
+    }                                                                       \
+  } while (0)
+
+#define RANK_OK(expr)                                                          \
+  do {                                                                         \
+    absl::Status rank_status = (expr);                                         \
+    if (!rank_status.ok()) {                                                   \
+      return absl::Status(                                                     \
+          rank_status.code(),                                                  \
+          absl::StrCat(__FILE__, ":", __LINE__, ": ", rank_status.message())); \
+    }                                                                          \
+  } while (0)
 
 namespace cohort::testing {
 
