@@ -16,12 +16,15 @@ std::string StateName(size_t i, const std::string& state) {
   return absl::StrCat("param.", i, ".", state);
 }
 
-// Attributes naming the optimizer and its step count (from any slot).
+// Attributes naming the optimizer and its step count, from a slot already
+// exported (`known`, may be null) or else from its first slot.
 absl::StatusOr<std::map<std::string, std::string>> OptimizerAttributes(
-    const Optimizer& optimizer) {
+    const Optimizer& optimizer, const OptimizerSlotState* known) {
   long long step = 0;
   std::vector<int> slots = optimizer.slots();
-  if (!slots.empty()) {
+  if (known != nullptr) {
+    step = known->step;
+  } else if (!slots.empty()) {
     absl::StatusOr<OptimizerSlotState> first = optimizer.ExportSlot(slots[0]);
     if (!first.ok()) return first.status();
     step = first->step;
@@ -106,9 +109,6 @@ absl::Status SaveReplicaState(CheckpointWriter& writer, bool async,
                               int64_t step, int rank, int world,
                               const std::vector<std::vector<float>>& params,
                               const Optimizer& optimizer) {
-  absl::StatusOr<std::map<std::string, std::string>> attributes =
-      OptimizerAttributes(optimizer);
-  if (!attributes.ok()) return attributes.status();
   const std::vector<std::string> states = optimizer.state_names();
   std::vector<OptimizerSlotState> exported;  // Alive until the save copies.
   exported.reserve(params.size());
@@ -128,6 +128,9 @@ absl::Status SaveReplicaState(CheckpointWriter& writer, bool async,
                         exported.back().buffers[k]});
     }
   }
+  absl::StatusOr<std::map<std::string, std::string>> attributes =
+      OptimizerAttributes(optimizer, exported.empty() ? nullptr : &exported[0]);
+  if (!attributes.ok()) return attributes.status();
   return Save(writer, async, step, shards, *attributes);
 }
 
@@ -172,9 +175,6 @@ absl::Status SaveFsdpState(CheckpointWriter& writer, bool async, int64_t step,
     return absl::FailedPreconditionError(
         "checkpoints of FSDP on device memory are not supported yet");
   }
-  absl::StatusOr<std::map<std::string, std::string>> attributes =
-      OptimizerAttributes(optimizer);
-  if (!attributes.ok()) return attributes.status();
   const std::vector<std::string> states = optimizer.state_names();
   const int rank = fsdp.group().rank();
   const int world = fsdp.group().size();
@@ -214,6 +214,9 @@ absl::Status SaveFsdpState(CheckpointWriter& writer, bool async, int64_t step,
     }
     first += sizes.size();
   }
+  absl::StatusOr<std::map<std::string, std::string>> attributes =
+      OptimizerAttributes(optimizer, exported.empty() ? nullptr : &exported[0]);
+  if (!attributes.ok()) return attributes.status();
   return Save(writer, async, step, shards, *attributes);
 }
 
