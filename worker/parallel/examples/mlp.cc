@@ -58,7 +58,18 @@ std::vector<std::vector<float>> Mlp::Init(uint64_t seed) const {
   return params;
 }
 
-void Mlp::Begin(const Matrix& inputs) { activations_[0] = inputs; }
+namespace {
+
+void RoundMatrix(Precision precision, Matrix& m) {
+  RoundInPlace(precision, absl::MakeSpan(m.data(), m.size()));
+}
+
+}  // namespace
+
+void Mlp::Begin(const Matrix& inputs) {
+  activations_[0] = inputs;
+  RoundMatrix(precision_, activations_[0]);
+}
 
 void Mlp::Forward(int layer, LayerParams params) {
   const ConstMap w(params.weight, dims_[layer + 1], dims_[layer]);
@@ -67,6 +78,7 @@ void Mlp::Forward(int layer, LayerParams params) {
   out.noalias() = w * activations_[layer];
   out.colwise() += b;
   if (layer + 1 < num_layers()) out = out.cwiseMax(0.0f);
+  RoundMatrix(precision_, out);
 }
 
 float Mlp::Loss(const Matrix& targets, float grad_scale) {
@@ -75,6 +87,7 @@ float Mlp::Loss(const Matrix& targets, float grad_scale) {
   delta_ = outputs - targets;
   const float loss = 0.5f * delta_.squaredNorm() / batch;
   delta_ *= grad_scale / batch;
+  RoundMatrix(precision_, delta_);
   return loss;
 }
 
@@ -90,6 +103,7 @@ void Mlp::Backward(int layer, LayerParams params, LayerGrads grads) {
   delta_ =
       (activations_[layer].array() > 0.0f)
           .select(upstream, Matrix::Zero(upstream.rows(), upstream.cols()));
+  RoundMatrix(precision_, delta_);
 }
 
 Matrix Mlp::Predict(const Matrix& inputs,

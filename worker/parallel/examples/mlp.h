@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "Eigen/Core"
+#include "worker/parallel/mixed_precision.h"
 
 namespace cohort::examples {
 
@@ -37,6 +38,13 @@ class Mlp {
 
   // REQUIRES: at least two dims, all positive.
   explicit Mlp(std::vector<int> dims);
+
+  // The compute precision (mixed_precision.h): the batch, every layer's
+  // output and every gradient flowing backward are rounded to it, the
+  // products accumulate in f32. The caller rounds the parameters it passes
+  // (and the gradients it gets). f32 (the default) rounds nothing.
+  void set_precision(Precision precision) { precision_ = precision; }
+  Precision precision() const { return precision_; }
 
   int num_layers() const { return static_cast<int>(dims_.size()) - 1; }
   const std::vector<int>& dims() const { return dims_; }
@@ -67,6 +75,7 @@ class Mlp {
 
  private:
   std::vector<int> dims_;
+  Precision precision_ = Precision::kF32;
   // activations_[l]: the input of layer l (activations_[0] is the batch);
   // activations_[L]: the output.
   std::vector<Matrix> activations_;
