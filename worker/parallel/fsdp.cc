@@ -672,6 +672,11 @@ absl::Span<const float> Fsdp::grad_shard(int unit) const {
   return absl::MakeConstSpan(u.grad_shard.floats(), u.shard);
 }
 
+absl::Span<float> Fsdp::grad_shard(int unit) {
+  const absl::Span<const float> shard = std::as_const(*this).grad_shard(unit);
+  return absl::MakeSpan(const_cast<float*>(shard.data()), shard.size());
+}
+
 absl::Status Fsdp::Step(Optimizer& optimizer) {
   State& s = *state_;
   if (absl::Status st = s.Usable(); !st.ok()) return st;

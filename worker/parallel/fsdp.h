@@ -154,6 +154,9 @@ class Fsdp {
   // 0 <= unit < num_units().
   absl::Span<float> param_shard(int unit);
   absl::Span<const float> grad_shard(int unit) const;
+  // The same, writable: for what runs between FinishBackward and Step on
+  // the reduced gradients (fp16's unscaling, loss_scaler.h).
+  absl::Span<float> grad_shard(int unit);
 
   // optimizer.Step(u, param_shard(u), grad_shard(u)) for every unit u (in
   // the shards' memory: StepIn; the optimizer must not outlive the group).

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "client/checkpoint_catalog.h"
 #include "client/file_store.h"
@@ -55,7 +56,14 @@ ABSL_FLAG(double, first_bucket_mb, 1, "DDP: the first bucket's size, MiB.");
 ABSL_FLAG(double, bucket_cap_mb, 25, "DDP: the other buckets' size, MiB.");
 ABSL_FLAG(bool, overlap, true,
           "DDP: reduce buckets during backward (false: all after it).");
-ABSL_FLAG(std::string, comm_hook, "none", "DDP: none | fp16 | bf16.");
+ABSL_FLAG(std::string, comm_hook, "none",
+          "DDP: none | fp16 | bf16 | powersgd.");
+ABSL_FLAG(int, powersgd_rank, 1, "DDP, --comm_hook=powersgd: the rank r.");
+ABSL_FLAG(int, powersgd_start_step, 10,
+          "DDP, --comm_hook=powersgd: steps of plain all_reduce first.");
+ABSL_FLAG(std::string, precision, "f32",
+          "Compute precision: f32 | bf16 | fp16 (f32 master weights and "
+          "optimizer state; fp16 with dynamic loss scaling).");
 ABSL_FLAG(int, fsdp_prefetch, 1,
           "FSDP: units gathered ahead of the one computing (0: none; k: up "
           "to k in flight, k + 1 units' parameters held under FULL_SHARD).");
@@ -209,6 +217,12 @@ absl::Status Run() {
       static_cast<size_t>(absl::GetFlag(FLAGS_bucket_cap_mb) * 1048576);
   config.overlap = absl::GetFlag(FLAGS_overlap);
   config.comm_hook = absl::GetFlag(FLAGS_comm_hook);
+  config.powersgd_rank = absl::GetFlag(FLAGS_powersgd_rank);
+  config.powersgd_start_step = absl::GetFlag(FLAGS_powersgd_start_step);
+  absl::StatusOr<cohort::Precision> precision =
+      cohort::ParsePrecision(absl::GetFlag(FLAGS_precision));
+  if (!precision.ok()) return precision.status();
+  config.precision = *precision;
   if (absl::GetFlag(FLAGS_fsdp_prefetch) < 0) {
     return absl::InvalidArgumentError("--fsdp_prefetch must be >= 0");
   }
@@ -231,10 +245,12 @@ absl::Status Run() {
   const int world = group != nullptr ? group->size() : 1;
   const bool lead = rank == 0;
   if (lead) {
-    std::printf("mode=%s world=%d global_batch=%d steps=%d seed=%llu\n",
-                std::string(TrainModeName(config.mode)).c_str(), world,
-                config.global_batch, config.steps,
-                static_cast<unsigned long long>(config.seed));
+    std::printf(
+        "mode=%s world=%d global_batch=%d steps=%d seed=%llu precision=%s\n",
+        std::string(TrainModeName(config.mode)).c_str(), world,
+        config.global_batch, config.steps,
+        static_cast<unsigned long long>(config.seed),
+        std::string(cohort::PrecisionName(config.precision)).c_str());
     std::fflush(stdout);
   }
   const char* restarts = std::getenv("COHORT_RESTART_COUNT");
@@ -262,6 +278,14 @@ absl::Status Run() {
         std::fflush(stdout);
       });
   if (!report.ok()) return report.status();
+  if (lead && config.precision == cohort::Precision::kF16) {
+    std::printf("fp16: %zu steps skipped for overflow%s%s, loss scale %g\n",
+                report->skipped_steps.size(),
+                report->skipped_steps.empty() ? "" : ": ",
+                absl::StrJoin(report->skipped_steps, ",").c_str(),
+                report->loss_scale);
+    std::fflush(stdout);
+  }
   if (lead && config.checkpoint_writer != nullptr) {
     std::printf("checkpoints: %d saved (%s), %.3f s of steps spent saving, "
                 "%.3f s writing\n",

@@ -1,5 +1,6 @@
 #include "worker/parallel/examples/trainer.h"
 
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -65,6 +66,12 @@ absl::Status CheckConfig(const TrainConfig& c, int world) {
         absl::StrCat("global_batch ", c.global_batch,
                      " must be a positive multiple of world size (", world,
                      ") x grad_accum (", c.grad_accum, ")"));
+  }
+  if (c.inject_inf_step < 0 || c.inject_inf_rank < 0 ||
+      (c.inject_inf_step > 0 && c.precision != Precision::kF16)) {
+    return absl::InvalidArgumentError(
+        "inject_inf_step and inject_inf_rank must be >= 0, and an injected "
+        "inf needs fp16 (only fp16's loss scaling skips steps)");
   }
   if (c.checkpoint_every < 0) {
     return absl::InvalidArgumentError("checkpoint_every must be >= 0");
@@ -151,12 +158,12 @@ struct Loop {
   std::function<absl::Status(int s)> save = nullptr;
   int first = 1;  // The first step to run (after a resumed checkpoint's).
 
-  absl::Status Run(const std::function<absl::StatusOr<float>()>& step,
+  absl::Status Run(const std::function<absl::StatusOr<float>(int s)>& step,
                    TrainReport& report) {
     const absl::Time start = absl::Now();
     absl::Time after_first = start;
     for (int s = first; s <= config.steps; ++s) {
-      absl::StatusOr<float> loss = step();
+      absl::StatusOr<float> loss = step(s);
       if (!loss.ok()) {
         return absl::Status(
             loss.status().code(),
@@ -233,6 +240,7 @@ void Finalize(std::vector<std::vector<float>> params, TrainReport& report) {
 struct Job {
   Job(const TrainConfig& c, int world, int rank)
       : config(c),
+        rank(rank),
         mlp(c.dims),
         data(MakeTeacherDataset(c.samples, c.teacher_dims, c.seed)),
         batches(data, world, rank, c.seed, c.global_batch),
@@ -244,8 +252,57 @@ struct Job {
     absl::StatusOr<std::unique_ptr<Optimizer>> made = MakeOptimizer(config);
     if (!made.ok()) return made.status();
     optimizer = std::move(*made);
+    mlp.set_precision(config.precision);
+    if (config.precision == Precision::kF16) {
+      absl::StatusOr<LossScaler> created = LossScaler::Create(config.loss_scaler);
+      if (!created.ok()) return created.status();
+      scaler.emplace(*created);
+    }
     return absl::OkStatus();
   }
+
+  // The parameters forward and backward use: `params` themselves in f32,
+  // else copies rounded to the compute precision, refreshed from them
+  // (once a step: the optimizer moves the f32 masters).
+  const std::vector<std::vector<float>>& ComputeParams(
+      const std::vector<std::vector<float>>& params) {
+    if (config.precision == Precision::kF32) return params;
+    rounded.resize(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      rounded[i].resize(params[i].size());
+      RoundCopy(config.precision, params[i], absl::MakeSpan(rounded[i]));
+    }
+    return rounded;
+  }
+
+  // Layer `layer`'s gradients as backward left them, rounded to the compute
+  // precision (fp16 overflows to inf here), and the inf fault drill.
+  void FinishLayerGrads(int step, int layer, absl::Span<float> weight,
+                        absl::Span<float> bias) const {
+    RoundInPlace(config.precision, weight);
+    RoundInPlace(config.precision, bias);
+    if (layer == 0 && step == config.inject_inf_step &&
+        rank == config.inject_inf_rank && !weight.empty()) {
+      weight[0] = std::numeric_limits<float>::infinity();
+    }
+  }
+
+  // fp16: unscales the reduced gradients and says whether step `step` is
+  // skipped, the same answer on every rank of `group` (a found-inf flag
+  // all_reduced). Without loss scaling: never.
+  absl::StatusOr<bool> UnscaleAndCheck(
+      int step, const std::vector<absl::Span<float>>& grads,
+      ProcessGroup* group, TrainReport& report) {
+    if (!scaler.has_value()) return false;
+    absl::StatusOr<bool> found = scaler->UnscaleAndCheck(grads, group);
+    if (!found.ok()) return found.status();
+    scaler->Update(*found);
+    if (*found) report.skipped_steps.push_back(step);
+    report.loss_scale = scaler->scale();
+    return *found;
+  }
+
+  float loss_scale() const { return scaler.has_value() ? scaler->scale() : 1; }
 
   // Takes the next micro-batch and runs it forward, layer l with the
   // parameters `params(l)` returns once `before(l)` succeeded (FSDP
@@ -266,7 +323,7 @@ struct Job {
         if (absl::Status s = after(l); !s.ok()) return s;
       }
     }
-    return mlp.Loss(y, 1.0f / config.grad_accum) / config.grad_accum;
+    return mlp.Loss(y, loss_scale() / config.grad_accum) / config.grad_accum;
   }
 
   // Steps every whole parameter i with the gradient `grad(i)` returns.
@@ -294,12 +351,21 @@ struct Job {
   }
 
   const TrainConfig& config;
+  const int rank;
   Mlp mlp;
   const Dataset data;  // Before batches, which refers to it.
   Batches batches;
   const size_t micro;  // Samples per micro-batch on this rank.
   std::unique_ptr<Optimizer> optimizer;
+  std::optional<LossScaler> scaler;          // fp16 only.
+  std::vector<std::vector<float>> rounded;  // ComputeParams' copies.
 };
+
+std::vector<absl::Span<float>> SpansOf(std::vector<std::vector<float>>& v) {
+  std::vector<absl::Span<float>> spans;
+  for (auto& t : v) spans.push_back(absl::MakeSpan(t));
+  return spans;
+}
 
 // Resumes a replica's training state from config.resume_from, if given.
 absl::Status ResumeReplica(const TrainConfig& c, Job& job,
@@ -338,19 +404,27 @@ absl::StatusOr<TrainReport> TrainAlone(const TrainConfig& c, int world,
                             rank, world, params, *job.optimizer);
   };
   absl::Status status = loop.Run(
-      [&]() -> absl::StatusOr<float> {
+      [&](int step) -> absl::StatusOr<float> {
         for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
+        const std::vector<std::vector<float>>& compute =
+            job.ComputeParams(params);
         float loss = 0;
         for (int m = 0; m < c.grad_accum; ++m) {
           absl::StatusOr<float> micro_loss =
-              job.Forward([&](int l) { return LayerOf(params, l); });
+              job.Forward([&](int l) { return LayerOf(compute, l); });
           if (!micro_loss.ok()) return micro_loss.status();
           loss += *micro_loss;
           for (int l = job.mlp.num_layers() - 1; l >= 0; --l) {
-            job.mlp.Backward(l, LayerOf(params, l),
+            job.mlp.Backward(l, LayerOf(compute, l),
                              {grads[2 * l].data(), grads[2 * l + 1].data()});
+            job.FinishLayerGrads(step, l, absl::MakeSpan(grads[2 * l]),
+                                 absl::MakeSpan(grads[2 * l + 1]));
           }
         }
+        absl::StatusOr<bool> skip =
+            job.UnscaleAndCheck(step, SpansOf(grads), nullptr, report);
+        if (!skip.ok()) return skip.status();
+        if (*skip) return loss;
         absl::Status stepped = job.StepReplica(
             params, [&](int i) { return absl::MakeConstSpan(grads[i]); });
         if (!stepped.ok()) return stepped;
@@ -394,14 +468,16 @@ absl::StatusOr<TrainReport> TrainDdp(const TrainConfig& c,
   Reducer& r = **reducer;
 
   absl::Status status = loop.Run(
-      [&]() -> absl::StatusOr<float> {
+      [&](int step) -> absl::StatusOr<float> {
         r.ZeroGrad();
+        const std::vector<std::vector<float>>& compute =
+            job.ComputeParams(params);
         float loss = 0;
         for (int m = 0; m < c.grad_accum; ++m) {
           std::optional<Reducer::NoSyncScope> no_sync;
           if (m + 1 < c.grad_accum) no_sync.emplace(r);
           absl::StatusOr<float> micro_loss =
-              job.Forward([&](int l) { return LayerOf(params, l); });
+              job.Forward([&](int l) { return LayerOf(compute, l); });
           if (!micro_loss.ok()) return micro_loss.status();
           loss += *micro_loss;
           // Backward produces each layer's gradients last layer first, and
@@ -409,13 +485,20 @@ absl::StatusOr<TrainReport> TrainDdp(const TrainConfig& c,
           // buckets of later layers are on the wire while earlier layers
           // still compute.
           for (int l = job.mlp.num_layers() - 1; l >= 0; --l) {
-            job.mlp.Backward(l, LayerOf(params, l),
+            job.mlp.Backward(l, LayerOf(compute, l),
                              {r.grad(2 * l).data(), r.grad(2 * l + 1).data()});
+            job.FinishLayerGrads(step, l, r.grad(2 * l), r.grad(2 * l + 1));
             if (absl::Status s = r.MarkReady(2 * l + 1); !s.ok()) return s;
             if (absl::Status s = r.MarkReady(2 * l); !s.ok()) return s;
           }
           if (absl::Status s = r.Finish(); !s.ok()) return s;
         }
+        std::vector<absl::Span<float>> reduced;
+        for (int i = 0; i < r.num_params(); ++i) reduced.push_back(r.grad(i));
+        absl::StatusOr<bool> skip =
+            job.UnscaleAndCheck(step, reduced, group.get(), report);
+        if (!skip.ok()) return skip.status();
+        if (*skip) return loss;
         absl::Status stepped = job.StepReplica(
             params, [&](int i) { return absl::Span<const float>(r.grad(i)); });
         if (!stepped.ok()) return stepped;
@@ -471,11 +554,22 @@ absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
     return SaveFsdpState(*c.checkpoint_writer, c.checkpoint_async, step, fsdp,
                          job.mlp.ParamSizes(), *job.optimizer);
   };
+  // The unit's gathered parameters, or copies rounded to the compute
+  // precision (the f32 shards stay the masters).
+  std::vector<std::vector<float>> rounded(2 * layers);
   auto params_of = [&](int l) -> Mlp::LayerParams {
-    return {fsdp.param(l, 0).data(), fsdp.param(l, 1).data()};
+    if (c.precision == Precision::kF32) {
+      return {fsdp.param(l, 0).data(), fsdp.param(l, 1).data()};
+    }
+    for (int i = 0; i < 2; ++i) {
+      const absl::Span<const float> full = fsdp.param(l, i);
+      rounded[2 * l + i].resize(full.size());
+      RoundCopy(c.precision, full, absl::MakeSpan(rounded[2 * l + i]));
+    }
+    return {rounded[2 * l].data(), rounded[2 * l + 1].data()};
   };
   absl::Status status = loop.Run(
-      [&]() -> absl::StatusOr<float> {
+      [&](int step) -> absl::StatusOr<float> {
         fsdp.ZeroGrad();
         float loss = 0;
         for (int m = 0; m < c.grad_accum; ++m) {
@@ -488,10 +582,19 @@ absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
             if (absl::Status s = fsdp.BeginBackward(l); !s.ok()) return s;
             job.mlp.Backward(l, params_of(l),
                              {fsdp.grad(l, 0).data(), fsdp.grad(l, 1).data()});
+            job.FinishLayerGrads(step, l, fsdp.grad(l, 0), fsdp.grad(l, 1));
             if (absl::Status s = fsdp.EndBackward(l); !s.ok()) return s;
           }
           if (absl::Status s = fsdp.FinishBackward(); !s.ok()) return s;
         }
+        // Each rank sees only its gradient shards: the found-inf flag is
+        // all_reduced, so every rank skips the same steps.
+        std::vector<absl::Span<float>> shards;
+        for (int u = 0; u < layers; ++u) shards.push_back(fsdp.grad_shard(u));
+        absl::StatusOr<bool> skip =
+            job.UnscaleAndCheck(step, shards, group.get(), report);
+        if (!skip.ok()) return skip.status();
+        if (*skip) return loss;
         if (absl::Status s = fsdp.Step(*job.optimizer); !s.ok()) return s;
         return loss;
       },

@@ -18,6 +18,8 @@
 #include "absl/strings/string_view.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/collective/process_group.h"
+#include "worker/parallel/loss_scaler.h"
+#include "worker/parallel/mixed_precision.h"
 
 namespace cohort::examples {
 
@@ -60,7 +62,22 @@ struct TrainConfig {
   size_t first_bucket_bytes = size_t{1} << 20;
   size_t bucket_cap_bytes = size_t{25} << 20;
   bool overlap = true;
-  std::string comm_hook = "none";  // "none", "fp16" or "bf16".
+  std::string comm_hook = "none";  // "none", "fp16", "bf16" or "powersgd".
+  // PowerSGD's rank and the steps of plain all_reduce before it starts.
+  int powersgd_rank = 1;
+  int powersgd_start_step = 10;
+  // Compute precision (mixed_precision.h): the parameters forward and
+  // backward use are rounded copies of the f32 master weights, activations
+  // and gradients are rounded as they are produced, the reductions and the
+  // optimizer (and its state) stay f32. fp16 scales the loss dynamically
+  // (loss_scaler, as torch's GradScaler): a step whose gradients overflowed
+  // on any rank is skipped on every rank.
+  Precision precision = Precision::kF32;
+  LossScalerOptions loss_scaler;
+  // A fault drill for fp16: rank inject_inf_rank writes an inf into its
+  // first gradient at step inject_inf_step (0: never).
+  int inject_inf_step = 0;
+  int inject_inf_rank = 0;
   // FSDP: units gathered ahead of the one computing (FsdpOptions).
   int fsdp_prefetch = 1;
   // Checkpoints (docs/checkpoints.md). With a writer, the parameters and
@@ -96,6 +113,10 @@ struct TrainReport {
   // saves made, and the seconds the step loop spent in them (for an async
   // save: copying the shards).
   int resumed_after = 0;
+  // fp16: the steps skipped because a gradient overflowed, and the loss
+  // scale at the end (0 without loss scaling).
+  std::vector<int> skipped_steps;
+  float loss_scale = 0;
   int checkpoints_saved = 0;
   double checkpoint_stall_seconds = 0;
 };

@@ -344,6 +344,82 @@ TEST(TrainerTest, CompressionHooksStayNearTheExactResult) {
   }
 }
 
+// Mixed precision changes the result by what the compute format's rounding
+// allows, in the first-order model of RoundingBound: each per-sample
+// gradient passes through 3 roundings per layer (the weight, the layer's
+// input, the gradient flowing back) and a last one of the gradient itself,
+// each of relative size at most u (the format's unit roundoff) of the terms
+// it feeds, plus half a subnormal step each (fp16). Against the f32 run that
+// is n_p u G more per element, n_p = 3 layers + 1, for both the 16-bit runs
+// and the f32 reference's own rounding (2 gamma(n) G).
+TEST(TrainerTest, MixedPrecisionStaysWithinItsRoundingBound) {
+  const TrainConfig local = SmallConfig(TrainMode::kLocal, "sgd");
+  const std::vector<float> reference = TrainAlone(local);
+  const Magnitudes magnitudes = MeasureMagnitudes(local);
+  const int layers = static_cast<int>(local.dims.size()) - 1;
+  const double roundings = 3.0 * layers + 1;
+  for (TrainMode mode : {TrainMode::kDdp, TrainMode::kFsdp}) {
+    for (Precision precision : {Precision::kBF16, Precision::kF16}) {
+      TrainConfig config = SmallConfig(mode, "sgd");
+      config.precision = precision;
+      // Small enough that no gradient overflows, so no step is skipped and
+      // the runs take the same steps (the next test skips one on purpose).
+      config.loss_scaler.init_scale = 256;
+      const std::string what =
+          absl::StrCat(TrainModeName(mode), " ", PrecisionName(precision));
+      const std::string out = TempPath("params");
+      RunRanks(2, [&](std::shared_ptr<ProcessGroup> group) -> absl::Status {
+        absl::StatusOr<TrainReport> report = Train(config, group);
+        RANK_OK(report.status());
+        RANK_CHECK(report->skipped_steps.empty());
+        RANK_CHECK(report->losses.back() < report->losses.front());
+        if (group->rank() == 0) return WriteFloats(out, report->params);
+        return absl::OkStatus();
+      });
+      absl::StatusOr<std::vector<float>> got = ReadFloats(out);
+      ASSERT_TRUE(got.ok()) << got.status();
+      const double u = UnitRoundoff(precision);
+      const double floor = SubnormalSpacing(precision);
+      ExpectWithin(*got, reference,
+                   RoundingBound(config, magnitudes, roundings * u / 2,
+                                 roundings * floor / 2),
+                   config, what);
+      EXPECT_NE(*got, reference) << what << " rounded nothing";
+    }
+  }
+}
+
+// fp16: a gradient that overflows on one rank skips that step on every
+// rank, and only that step: the parameters end exactly where a run that
+// stopped one step earlier ended, and the loss scale backs off once. Under
+// FSDP at world 3 the inf reaches one rank's gradient shard only, so the
+// other ranks learn of it from the all_reduced flag alone.
+TEST(TrainerTest, Fp16InjectedInfSkipsTheStepOnEveryRank) {
+  for (auto [mode, world] : {std::pair{TrainMode::kDdp, 2},
+                             std::pair{TrainMode::kFsdp, 3}}) {
+    TrainConfig clean = SmallConfig(mode, "sgd");
+    clean.global_batch = 24;
+    clean.precision = Precision::kF16;
+    clean.loss_scaler.init_scale = 256;
+    clean.steps = 4;
+    const std::vector<float> expected = TrainOnRanks(clean, world);
+    ASSERT_FALSE(expected.empty());
+
+    TrainConfig faulty = clean;
+    faulty.steps = 5;
+    faulty.inject_inf_step = 5;
+    faulty.inject_inf_rank = 1;
+    RunRanks(world, [&](std::shared_ptr<ProcessGroup> group) -> absl::Status {
+      absl::StatusOr<TrainReport> report = Train(faulty, group);
+      RANK_OK(report.status());
+      RANK_CHECK(report->skipped_steps == std::vector<int>{5});
+      RANK_CHECK(report->loss_scale == 128.0f);
+      RANK_CHECK(report->params == expected);
+      return absl::OkStatus();
+    });
+  }
+}
+
 // A rank that dies mid-training ends its peers' training with an error
 // that says which step failed and that the rank exited: detected, not
 // waited out.
@@ -414,6 +490,17 @@ TEST(TrainerTest, RejectsInconsistentConfigs) {
   config.teacher_dims = {10, 7, 6};
   EXPECT_EQ(Train(config, nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
+  config = SmallConfig(TrainMode::kLocal, "sgd");
+  config.inject_inf_step = 2;  // Only fp16 skips steps.
+  status = Train(config, nullptr).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("needs fp16"), absl::string_view::npos)
+      << status;
+  config.precision = Precision::kF16;
+  config.loss_scaler.growth_factor = 1.0f;
+  status = Train(config, nullptr).status();
+  EXPECT_NE(status.message().find("growth_factor"), absl::string_view::npos)
+      << status;
   EXPECT_FALSE(ParseTrainMode("fsdp_full").ok());
   EXPECT_EQ(*ParseTrainMode("fsdp_grad_op"), TrainMode::kFsdpGradOp);
 }
