@@ -10,7 +10,13 @@
 #     latest committed checkpoint and ends with the same parameters as the
 #     uninterrupted job, bit for bit (world 2: sums of two terms commute);
 #  3. that job's checkpoint resumed by DDP on one worker: it starts after
-#     the checkpoint's step, at another world size and in another mode.
+#     the checkpoint's step, at another world size and in another mode;
+#  4. an elastic job (two cohortrun nodes, --nnodes=1:2) loses a node after
+#     step 12 (its last worker SIGKILLs its cohortrun, then itself): the
+#     other node's next round runs at world 1 and resumes from the latest
+#     checkpoint saved at world 2, FSDP's shards re-cut; the loss curve
+#     continues where the checkpoint left it, and the catalog lists the
+#     saves of both world sizes.
 set -uo pipefail
 
 COHORTD=server/cohortd
@@ -110,6 +116,53 @@ job other_world 1 ddp -- --resume --checkpoint_dir="$TMP/killed.ckpt" \
   --checkpoint_run=killed --steps=25
 grep -q '^resuming after step 20 .*(saved at world 2)' "$TMP/other_world.out" ||
   fail "other_world: $(head -3 "$TMP/other_world.out") $(tail -3 "$TMP/other_world.err")"
+
+# 4. A node leaves an elastic job; the survivor resumes at world 1.
+pids=()
+for n in a b; do
+  ( timeout 300 "$RUN" --coordinator="127.0.0.1:$PORT" --run-id=leave --node-id=$n \
+      --heartbeat-interval=1s --nnodes=1:2 --nproc-per-node=1 --max-restarts=1 -- \
+      "$TRAIN" --mode=fsdp --steps=30 --seed=7 --optimizer=adam --lr=0.001 \
+      --dims=64,128,128,16 --checkpoint_dir="$TMP/leave.ckpt" --checkpoint_every=5 \
+      --resume --fault_kill_after_step=12 --fault_kill_node \
+      >"$TMP/leave.$n.out" 2>"$TMP/leave.$n.err"
+    echo $? >"$TMP/leave.$n.rc" ) &
+  pids+=($!)
+done
+wait "${pids[@]}"
+[[ $(cat "$TMP/leave.a.rc") == 0 ]] ||
+  fail "leave: node a exited $(cat "$TMP/leave.a.rc"): $(tail -8 "$TMP/leave.a.err")"
+grep -q 'SIGKILL of its node after step 12' "$TMP/leave.b.err" ||
+  fail "leave: node b's worker did not kill its node: $(tail -5 "$TMP/leave.b.err")"
+grep -q 'round 1: node rank 0 of 1, world size 1' "$TMP/leave.a.err" ||
+  fail "leave: node a's second round is not at world 1: $(grep round "$TMP/leave.a.err")"
+resumed=$(sed -n 's/^resuming after step \([0-9]*\) .*(saved at world 2)$/\1/p' "$TMP/leave.a.out")
+echo "a node left after step 12; the survivor resumed at world 1 after step ${resumed:-?}"
+[[ $resumed == 5 || $resumed == 10 ]] ||
+  fail "leave: expected a resume after step 5 or 10 from a world-2 save: $(grep -e resuming -e '^mode' "$TMP/leave.a.out")"
+grep -q '^mode=fsdp world=1 param_checksum' "$TMP/leave.a.out" ||
+  fail "leave: the world-1 round did not finish: $(tail -3 "$TMP/leave.a.out")"
+# The loss continues: step resumed+1 at world 1 is the loss of the world-2
+# run at that step (the same parameters, from the checkpoint), up to the
+# order of f32 sums: a mean of n = 128 x 16 squared errors over outputs of
+# 3 layers of dot products of <= 128 terms differs by at most 2 gamma(n')
+# of the loss, n' = 2048 + 6 x 128, plus the 1e-6 the lines print.
+next=$((resumed + 1))
+before=$(sed -n "s/^step $next loss=//p" "$TMP/leave.a.out" | head -1)
+after=$(sed -n "s/^step $next loss=//p" "$TMP/leave.a.out" | tail -1)
+[[ $(grep -c "^step $next loss=" "$TMP/leave.a.out") == 2 ]] ||
+  fail "leave: expected step $next in both rounds: $(grep "^step $next " "$TMP/leave.a.out")"
+awk -v a="$before" -v b="$after" 'BEGIN {
+  n = 2048 + 6 * 128; u = 2^-24; g = n * u / (1 - n * u)
+  d = a - b; if (d < 0) d = -d
+  exit !(d <= 2 * g * a + 1e-6) }' ||
+  fail "leave: step $next's loss at world 1 ($after) is not world 2's ($before)"
+"$CTL" --addr="127.0.0.1:$PORT" checkpoints leave >"$TMP/leave.list" 2>&1 ||
+  fail "cohortctl checkpoints leave: $(cat "$TMP/leave.list")"
+sed 's/^/  /' "$TMP/leave.list"
+[[ $(awk '$1 == 10 || $1 == 5 {print $2}' "$TMP/leave.list" | sort -u) == 2 &&
+   $(tail -1 "$TMP/leave.list" | awk '{print $1 ":" $2 ":" $NF}') == "30:1:latest" ]] ||
+  fail "leave: expected world-2 saves before the kill and step 30 at world 1 latest: $(cat "$TMP/leave.list")"
 
 if ((failures > 0)); then
   echo "$failures check(s) failed"

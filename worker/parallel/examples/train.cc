@@ -7,6 +7,9 @@
 // param_checksum= (the sum of all final parameters: equal, up to rounding,
 // for every mode and world size at the same --seed and --global_batch),
 // steps/s, the bytes each rank communicated and the bytes it held.
+#include <signal.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -93,6 +96,10 @@ ABSL_FLAG(int, fault_kill_after_step, 0,
           "Fault drills: in a job's first attempt ($COHORT_RESTART_COUNT "
           "unset or 0) the last rank SIGKILLs itself once step N is logged "
           "(see --log_every); 0: never.");
+ABSL_FLAG(bool, fault_kill_node, false,
+          "With --fault_kill_after_step: the last rank SIGKILLs its parent "
+          "(its node's cohortrun) before itself, so the node leaves the job "
+          "instead of restarting.");
 ABSL_FLAG(std::string, params_out, "",
           "Rank 0 writes the final parameters here (raw f32, in order).");
 
@@ -269,8 +276,11 @@ absl::Status Run() {
   absl::StatusOr<cohort::examples::TrainReport> report =
       Train(config, group, [&](int step, float loss) {
         if (step == kill_after && rank == world - 1) {
-          std::fprintf(stderr, "train: rank %d: SIGKILL after step %d "
-                       "(--fault_kill_after_step)\n", rank, step);
+          const bool node = absl::GetFlag(FLAGS_fault_kill_node);
+          std::fprintf(stderr, "train: rank %d: SIGKILL%s after step %d "
+                       "(--fault_kill_after_step)\n", rank,
+                       node ? " of its node" : "", step);
+          if (node) kill(getppid(), SIGKILL);
           std::raise(SIGKILL);
         }
         if (!lead) return;
