@@ -103,12 +103,26 @@ absl::StatusOr<std::pair<std::vector<size_t>, size_t>> UnitParams(
   return std::make_pair(std::move(sizes), first);
 }
 
+// The caller's attributes beside the optimizer's, which they may not replace.
+absl::Status AddExtra(const std::map<std::string, std::string>& extra,
+                      std::map<std::string, std::string>& attributes) {
+  for (const auto& [name, value] : extra) {
+    if (!attributes.emplace(name, value).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint attribute '", name,
+          "' is the training state's own; choose another name"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status SaveReplicaState(CheckpointWriter& writer, bool async,
                               int64_t step, int rank, int world,
                               const std::vector<std::vector<float>>& params,
-                              const Optimizer& optimizer) {
+                              const Optimizer& optimizer,
+                              const std::map<std::string, std::string>& extra) {
   const std::vector<std::string> states = optimizer.state_names();
   std::vector<OptimizerSlotState> exported;  // Alive until the save copies.
   exported.reserve(params.size());
@@ -131,6 +145,7 @@ absl::Status SaveReplicaState(CheckpointWriter& writer, bool async,
   absl::StatusOr<std::map<std::string, std::string>> attributes =
       OptimizerAttributes(optimizer, exported.empty() ? nullptr : &exported[0]);
   if (!attributes.ok()) return attributes.status();
+  if (absl::Status s = AddExtra(extra, *attributes); !s.ok()) return s;
   return Save(writer, async, step, shards, *attributes);
 }
 
@@ -170,7 +185,8 @@ absl::Status LoadReplicaState(const CheckpointReader& reader,
 
 absl::Status SaveFsdpState(CheckpointWriter& writer, bool async, int64_t step,
                            Fsdp& fsdp, const std::vector<size_t>& param_sizes,
-                           const Optimizer& optimizer) {
+                           const Optimizer& optimizer,
+                           const std::map<std::string, std::string>& extra) {
   if (fsdp.on_device()) {
     return absl::FailedPreconditionError(
         "checkpoints of FSDP on device memory are not supported yet");
@@ -217,6 +233,7 @@ absl::Status SaveFsdpState(CheckpointWriter& writer, bool async, int64_t step,
   absl::StatusOr<std::map<std::string, std::string>> attributes =
       OptimizerAttributes(optimizer, exported.empty() ? nullptr : &exported[0]);
   if (!attributes.ok()) return attributes.status();
+  if (absl::Status s = AddExtra(extra, *attributes); !s.ok()) return s;
   return Save(writer, async, step, shards, *attributes);
 }
 

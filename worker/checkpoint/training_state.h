@@ -4,13 +4,17 @@
 //   param.<i>               parameter i of the model, whole (shape {size});
 //   param.<i>.<state>       its optimizer state, by Optimizer::state_names();
 //   attributes optimizer = the optimizer's name, optimizer.step = the steps
-//   it has taken (every slot of these trainers steps together).
+//   it has taken (every slot of these trainers steps together), plus the
+//   caller's `extra` attributes (a loss scaler's state, say), which must
+//   not reuse those two names.
 // Host memory only: FAILED_PRECONDITION for an FSDP on device memory.
 #ifndef COHORT_WORKER_CHECKPOINT_TRAINING_STATE_H_
 #define COHORT_WORKER_CHECKPOINT_TRAINING_STATE_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -26,7 +30,8 @@ namespace cohort {
 absl::Status SaveReplicaState(CheckpointWriter& writer, bool async,
                               int64_t step, int rank, int world,
                               const std::vector<std::vector<float>>& params,
-                              const Optimizer& optimizer);
+                              const Optimizer& optimizer,
+                              const std::map<std::string, std::string>& extra = {});
 
 // Fills every parameter (sized as the model's) and the optimizer's slots.
 // INVALID_ARGUMENT naming the tensor if the checkpoint's sizes differ;
@@ -40,7 +45,8 @@ absl::Status LoadReplicaState(const CheckpointReader& reader,
 // shard holds. Optimizer slot u is unit u's shard.
 absl::Status SaveFsdpState(CheckpointWriter& writer, bool async, int64_t step,
                            Fsdp& fsdp, const std::vector<size_t>& param_sizes,
-                           const Optimizer& optimizer);
+                           const Optimizer& optimizer,
+                           const std::map<std::string, std::string>& extra = {});
 
 // Fills this rank's shards, re-cut for the current world size, and the
 // optimizer's slots, from a checkpoint saved by FSDP or by replicas. Call

@@ -48,6 +48,21 @@ absl::StatusOr<bool> LossScaler::UnscaleAndCheck(
   return found != 0.0f;
 }
 
+absl::Status LossScaler::Restore(float scale, int clean_steps) {
+  if (!std::isfinite(scale) || scale <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss scaler: a restored scale must be finite and > 0, got ", scale));
+  }
+  if (clean_steps < 0 || clean_steps >= options_.growth_interval) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss scaler: restored clean steps ", clean_steps,
+        " outside [0, growth_interval = ", options_.growth_interval, ")"));
+  }
+  scale_ = scale;
+  clean_steps_ = clean_steps;
+  return absl::OkStatus();
+}
+
 void LossScaler::Update(bool found_inf) {
   if (found_inf) {
     scale_ *= options_.backoff_factor;

@@ -52,6 +52,13 @@ class LossScaler {
   void Update(bool found_inf);
 
   int64_t skipped_steps() const { return skipped_; }
+  // Clean steps in a row since the last overflow or growth.
+  int clean_steps() const { return clean_steps_; }
+
+  // Resumes from a checkpoint's scale() and clean_steps().
+  // INVALID_ARGUMENT for a scale that is not finite and > 0, or clean steps
+  // outside [0, growth_interval).
+  absl::Status Restore(float scale, int clean_steps);
 
  private:
   explicit LossScaler(const LossScalerOptions& options);

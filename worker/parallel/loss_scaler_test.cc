@@ -55,6 +55,26 @@ TEST(LossScalerTest, BacksOffOnOverflowAndGrowsAfterTheInterval) {
   EXPECT_EQ(big.scale(), 3e38f);
 }
 
+// A restored scaler continues as the one it was saved from: same scale,
+// same count towards the next growth.
+TEST(LossScalerTest, RestoreContinuesWhereTheSavedScalerWas) {
+  const LossScalerOptions options{.init_scale = 1024.0f, .growth_interval = 3};
+  LossScaler saved = LossScaler::Create(options).value();
+  saved.Update(true);
+  saved.Update(false);
+  saved.Update(false);
+  LossScaler restored = LossScaler::Create(options).value();
+  ASSERT_TRUE(restored.Restore(saved.scale(), saved.clean_steps()).ok());
+  EXPECT_EQ(restored.scale(), 512.0f);
+  saved.Update(false);
+  restored.Update(false);  // The third clean step for both.
+  EXPECT_EQ(restored.scale(), saved.scale());
+  EXPECT_EQ(restored.scale(), 1024.0f);
+  EXPECT_TRUE(absl::StrContains(restored.Restore(-1.0f, 0).message(), "scale"));
+  EXPECT_TRUE(
+      absl::StrContains(restored.Restore(8.0f, 3).message(), "growth_interval"));
+}
+
 TEST(LossScalerTest, RefusesBadOptions) {
   auto bad = [](const LossScalerOptions& o, const char* name) {
     absl::Status s = LossScaler::Create(o).status();

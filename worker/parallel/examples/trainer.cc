@@ -1,11 +1,15 @@
 #include "worker/parallel/examples/trainer.h"
 
 #include <limits>
+#include <map>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -304,6 +308,39 @@ struct Job {
 
   float loss_scale() const { return scaler.has_value() ? scaler->scale() : 1; }
 
+  // The loss scaler's state, saved beside the optimizer's.
+  std::map<std::string, std::string> ScalerAttributes() const {
+    if (!scaler.has_value()) return {};
+    return {{"loss_scale", absl::StrFormat("%.9g", scaler->scale())},
+            {"loss_scale.clean_steps", absl::StrCat(scaler->clean_steps())}};
+  }
+
+  // Takes the loss scaler's state from a checkpoint that has it (one saved
+  // without fp16 leaves the scaler at its initial scale).
+  absl::Status RestoreScaler(const CheckpointReader& reader, TrainReport& report) {
+    if (!scaler.has_value()) return absl::OkStatus();
+    const auto& attributes = reader.metadata().attributes();
+    const auto scale = attributes.find("loss_scale");
+    const auto clean = attributes.find("loss_scale.clean_steps");
+    if (scale == attributes.end() || clean == attributes.end()) {
+      return absl::OkStatus();
+    }
+    float value = 0;
+    int steps = 0;
+    if (!absl::SimpleAtof(scale->second, &value) ||
+        !absl::SimpleAtoi(clean->second, &steps)) {
+      return absl::DataLossError(absl::StrCat(
+          reader.folder(), ": loss scaler attributes '", scale->second,
+          "', '", clean->second, "' are not numbers"));
+    }
+    if (absl::Status s = scaler->Restore(value, steps); !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat(reader.folder(), ": ", s.message()));
+    }
+    report.loss_scale = scaler->scale();
+    return absl::OkStatus();
+  }
+
   // Takes the next micro-batch and runs it forward, layer l with the
   // parameters `params(l)` returns once `before(l)` succeeded (FSDP
   // gathers there) and then `after(l)`. Returns the micro-batch's loss
@@ -376,6 +413,9 @@ absl::Status ResumeReplica(const TrainConfig& c, Job& job,
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = job.RestoreScaler(*c.resume_from, report); !s.ok()) {
+    return s;
+  }
   const int step = static_cast<int>(c.resume_from->step());
   job.batches.SkipSteps(step);
   loop.ResumeAfter(step, report);
@@ -401,7 +441,8 @@ absl::StatusOr<TrainReport> TrainAlone(const TrainConfig& c, int world,
   }
   loop.save = [&](int step) {
     return SaveReplicaState(*c.checkpoint_writer, c.checkpoint_async, step,
-                            rank, world, params, *job.optimizer);
+                            rank, world, params, *job.optimizer,
+                            job.ScalerAttributes());
   };
   absl::Status status = loop.Run(
       [&](int step) -> absl::StatusOr<float> {
@@ -449,7 +490,7 @@ absl::StatusOr<TrainReport> TrainDdp(const TrainConfig& c,
   loop.save = [&](int step) {
     return SaveReplicaState(*c.checkpoint_writer, c.checkpoint_async, step,
                             group->rank(), group->size(), params,
-                            *job.optimizer);
+                            *job.optimizer, job.ScalerAttributes());
   };
   std::vector<BufferView> views;
   for (auto& p : params) views.push_back(BufferView::Of(p.data(), p.size()));
@@ -536,6 +577,9 @@ absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
         !s.ok()) {
       return s;
     }
+    if (absl::Status s = job.RestoreScaler(*c.resume_from, report); !s.ok()) {
+      return s;
+    }
     const int step = static_cast<int>(c.resume_from->step());
     job.batches.SkipSteps(step);
     loop.ResumeAfter(step, report);
@@ -552,7 +596,8 @@ absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
 
   loop.save = [&](int step) {
     return SaveFsdpState(*c.checkpoint_writer, c.checkpoint_async, step, fsdp,
-                         job.mlp.ParamSizes(), *job.optimizer);
+                         job.mlp.ParamSizes(), *job.optimizer,
+                         job.ScalerAttributes());
   };
   // The unit's gathered parameters, or copies rounded to the compute
   // precision (the f32 shards stay the masters).

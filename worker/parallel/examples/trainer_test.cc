@@ -537,6 +537,7 @@ TrainReport TrainWithCheckpoints(TrainConfig config, int world,
     std::vector<float> losses = report->losses;
     losses.push_back(static_cast<float>(report->resumed_after));
     losses.push_back(static_cast<float>(report->checkpoints_saved));
+    losses.push_back(report->loss_scale);
     if (absl::Status s = WriteFloats(losses_out, losses); !s.ok()) return s;
     return WriteFloats(params_out, report->params);
   });
@@ -544,8 +545,10 @@ TrainReport TrainWithCheckpoints(TrainConfig config, int world,
   auto params = ReadFloats(params_out);
   auto losses = ReadFloats(losses_out);
   EXPECT_TRUE(params.ok() && losses.ok());
-  if (!params.ok() || !losses.ok() || losses->size() < 2) return report;
+  if (!params.ok() || !losses.ok() || losses->size() < 3) return report;
   report.params = *params;
+  report.loss_scale = losses->back();
+  losses->pop_back();
   report.checkpoints_saved = static_cast<int>(losses->back());
   losses->pop_back();
   report.resumed_after = static_cast<int>(losses->back());
@@ -558,12 +561,30 @@ TrainReport TrainWithCheckpoints(TrainConfig config, int world,
 // bit where the same job run without a stop ends: parameters, optimizer
 // state (Adam's moments and step count) and the data's place all come back.
 // At world 2 every sum across ranks has two terms, which commute exactly,
-// so nothing else can differ.
+// so nothing else can differ. In fp16 the loss scaler's state comes back
+// too: it grows every 3 clean steps, so the uninterrupted run ends at
+// 256 x 2 x 2, and so must the run resumed at step 4 (where the scale is
+// 512, one clean step towards the next growth).
 TEST(TrainerTest, ResumingFromACheckpointEndsBitIdentically) {
-  for (TrainMode mode : {TrainMode::kDdp, TrainMode::kFsdp}) {
-    for (bool async : {true, false}) {
-      SCOPED_TRACE(absl::StrCat(TrainModeName(mode), async ? " async" : " sync"));
+  struct Variant {
+    TrainMode mode;
+    bool async;
+    Precision precision;
+  };
+  for (const Variant& v : {Variant{TrainMode::kDdp, true, Precision::kF32},
+                           Variant{TrainMode::kDdp, false, Precision::kF32},
+                           Variant{TrainMode::kFsdp, true, Precision::kF32},
+                           Variant{TrainMode::kFsdp, false, Precision::kF32},
+                           Variant{TrainMode::kDdp, true, Precision::kF16},
+                           Variant{TrainMode::kFsdp, true, Precision::kF16}}) {
+    const TrainMode mode = v.mode;
+    const bool async = v.async;
+    {
+      SCOPED_TRACE(absl::StrCat(TrainModeName(mode), async ? " async " : " sync ",
+                                PrecisionName(v.precision)));
       TrainConfig config = SmallConfig(mode, "adam");
+      config.precision = v.precision;
+      config.loss_scaler = {.init_scale = 256, .growth_interval = 3};
       config.log_every = 1;
       config.checkpoint_every = 2;
       config.checkpoint_async = async;
@@ -579,6 +600,10 @@ TEST(TrainerTest, ResumingFromACheckpointEndsBitIdentically) {
       ASSERT_EQ(resumed.params.size(), whole.size());
       EXPECT_TRUE(std::equal(whole.begin(), whole.end(), resumed.params.begin()))
           << "the resumed run's parameters differ from the uninterrupted run's";
+      if (v.precision == Precision::kF16) {
+        EXPECT_EQ(stopped.loss_scale, 512.0f);
+        EXPECT_EQ(resumed.loss_scale, 1024.0f);
+      }
     }
   }
 }
