@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -16,8 +17,9 @@ namespace cohort {
 namespace {
 
 // What the Reducer needs to know about its own hooks beyond CommHook: how
-// many bytes they put on the wire and how much scratch they hold. User hooks
-// are opaque; the Reducer assumes they send the f32 bucket and hold nothing.
+// many bytes they put on the wire per element and where their scratch lives.
+// Other hooks report their bytes (CommHook::bytes_sent) or are assumed to
+// send the f32 bucket.
 class BuiltinHook : public CommHook {
  public:
   virtual size_t wire_bytes_per_element() const = 0;
@@ -28,7 +30,6 @@ class BuiltinHook : public CommHook {
       GroupMemory& memory, absl::Span<const size_t> bucket_elements) {
     return absl::OkStatus();
   }
-  virtual size_t scratch_bytes() const { return 0; }
   // Frees the scratch when the Reducer goes: the caller may keep the hook
   // longer than the group whose device memory the scratch is in.
   virtual void ReleaseScratch() {}
@@ -197,8 +198,9 @@ struct Reducer::State {
   bool no_sync = false;
   bool finished_once = false;
   bool rebuilt = false;
-  absl::Status failure;  // The first failed reduction; sticky.
-  uint64_t bytes_communicated = 0;
+  absl::Status failure;             // The first failed reduction; sticky.
+  uint64_t bytes_communicated = 0;  // Less the hook's own count, if any.
+  uint64_t hook_bytes_at_create = 0;
 
   // Packs `order` into buckets, closing each as soon as it holds at least
   // its limit (first bucket, then the cap; torch's rule, which never splits
@@ -250,6 +252,7 @@ struct Reducer::State {
         return s;
       }
     }
+    if (absl::Status s = hook->OnLayout(buckets); !s.ok()) return s;
     ResetIteration();
     return absl::OkStatus();
   }
@@ -288,10 +291,14 @@ struct Reducer::State {
           "comm hook '", hook->name(), "' returned no Work for bucket ", b)));
     }
     works[b] = std::move(work);
-    const size_t per_element =
-        builtin != nullptr ? builtin->wire_bytes_per_element() : sizeof(float);
-    bytes_communicated += WireBytes(
-        Traffic::kAllReduce, buckets[b].elements * per_element, group->size());
+    if (!hook->bytes_sent().has_value()) {
+      const size_t per_element = builtin != nullptr
+                                     ? builtin->wire_bytes_per_element()
+                                     : sizeof(float);
+      bytes_communicated +=
+          WireBytes(Traffic::kAllReduce, buckets[b].elements * per_element,
+                    group->size());
+    }
     // An op rejected before it was queued is reported now rather than at
     // Finish(), so the caller stops doing backward work that cannot be used.
     if (works[b]->IsCompleted() && !works[b]->status().ok()) {
@@ -439,6 +446,7 @@ absl::StatusOr<std::unique_ptr<Reducer>> Reducer::Create(
   state->hook = options.hook != nullptr ? options.hook : AllReduceHook();
   state->builtin = dynamic_cast<BuiltinHook*>(state->hook.get());
   state->memory = std::make_unique<GroupMemory>(state->group->device_memory());
+  state->hook_bytes_at_create = state->hook->bytes_sent().value_or(0);
   std::vector<int> order(state->param_sizes.size());
   for (size_t k = 0; k < order.size(); ++k) {
     order[k] = static_cast<int>(order.size() - 1 - k);
@@ -590,13 +598,16 @@ const std::vector<Reducer::Bucket>& Reducer::buckets() const {
 bool Reducer::rebuilt() const { return state_->rebuilt; }
 
 uint64_t Reducer::bytes_communicated() const {
-  return state_->bytes_communicated;
+  const std::optional<uint64_t> hook_bytes = state_->hook->bytes_sent();
+  return state_->bytes_communicated +
+         (hook_bytes.has_value() ? *hook_bytes - state_->hook_bytes_at_create
+                                 : 0);
 }
 
 size_t Reducer::grad_bytes() const {
   size_t bytes = 0;
   for (const GroupBuffer& bucket : state_->storage) bytes += bucket.bytes();
-  if (state_->builtin != nullptr) bytes += state_->builtin->scratch_bytes();
+  bytes += state_->hook->scratch_bytes();
   return bytes;
 }
 

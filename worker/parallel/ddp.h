@@ -61,6 +61,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,13 +72,26 @@
 
 namespace cohort {
 
+// One bucket of a Reducer's layout: the parameters it holds, in layout
+// order, and where each starts, in elements from the bucket's start.
+// Parameters are packed without gaps: parameter params[k] holds the
+// elements from offsets[k] to offsets[k + 1] (or to `elements`).
+struct ReducerBucket {
+  std::vector<int> params;
+  std::vector<size_t> offsets;
+  size_t elements = 0;
+};
+
 // How a bucket's gradients are reduced. Launch starts the reduction and
 // returns its Work; after that Work completes OK, Finalize runs on the
 // thread calling Reducer::Finish(). When Finalize returns, `grads` must
 // hold the average over ranks of every rank's `grads` (approximately, for
 // compressing hooks). Launch is called once per bucket per synchronized
-// iteration, in bucket order, identically on every rank. A hook object
-// serves one Reducer (the built-in ones keep per-bucket scratch).
+// iteration, in bucket order, identically on every rank; every bucket's
+// Work has completed before the first Finalize, and the Finalizes run in
+// bucket order, so a hook may issue (and wait for) more collectives there.
+// A hook object serves one Reducer (the built-in ones keep per-bucket
+// scratch).
 class CommHook {
  public:
   virtual ~CommHook() = default;
@@ -87,6 +101,30 @@ class CommHook {
   virtual absl::Status Finalize(int bucket, BufferView grads) {
     return absl::OkStatus();
   }
+
+  // The Reducer's bucket layout, `buckets[b]` being bucket b's: called by
+  // Reducer::Create once the layout is built, and again after the
+  // first-iteration rebuild, each time before any Launch with that layout
+  // and between iterations. A hook that needs to know which parameter lies
+  // where (PowerSGD: each parameter is a matrix) sizes its scratch here. An
+  // error fails Create (returned, prefixed "Reducer::Create: ") or the
+  // rebuilding Finish (and the Reducer, as any failed reduction does).
+  virtual absl::Status OnLayout(absl::Span<const ReducerBucket> buckets) {
+    return absl::OkStatus();
+  }
+
+  // Bytes this hook has put on the wire so far, by WireBytes()
+  // (process_group.h) for each collective it issued, for a hook whose
+  // traffic is not the f32 bucket: Reducer::bytes_communicated() then counts
+  // this (its growth since Create) instead of a bucket-sized all_reduce per
+  // Launch. nullopt (the default): the Reducer assumes that each Launch
+  // all_reduced the f32 bucket. A hook returns a value always or never.
+  virtual std::optional<uint64_t> bytes_sent() const { return std::nullopt; }
+
+  // Bytes of scratch the hook holds across iterations (in host or the
+  // group's memory), for Reducer::grad_bytes(). Sized in OnLayout, so that
+  // the figure is the steady state from Create on.
+  virtual size_t scratch_bytes() const { return 0; }
 };
 
 // all_reduce(AVG) in place: the default.
@@ -113,11 +151,7 @@ struct ReducerOptions {
 
 class Reducer {
  public:
-  struct Bucket {
-    std::vector<int> params;      // Parameter indices, in layout order.
-    std::vector<size_t> offsets;  // Element offset of each in the bucket.
-    size_t elements = 0;
-  };
+  using Bucket = ReducerBucket;
 
   // `param_sizes[i]` is parameter i's element count (f32 gradients). A
   // collective: every rank calls it, and the ranks check that they all
@@ -177,8 +211,9 @@ class Reducer {
   // Whether the first-iteration rebuild has happened.
   bool rebuilt() const;
   // Bytes this rank has sent, by WireBytes() (process_group.h): the ring
-  // volume of each bucket's all_reduce as sent (after any compression),
-  // plus the rebuild's broadcast. 0 at world size 1.
+  // volume of each bucket's all_reduce as sent (after any compression; a
+  // hook's own count where it keeps one, CommHook::bytes_sent()), plus the
+  // rebuild's broadcast. 0 at world size 1.
   uint64_t bytes_communicated() const;
   // Bytes of gradient storage held (the buckets) plus hook scratch.
   size_t grad_bytes() const;

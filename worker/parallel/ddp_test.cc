@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -435,6 +436,64 @@ std::vector<float> Flatten(const std::vector<Reducer::Bucket>& buckets) {
     }
   }
   return out;
+}
+
+// Sees every layout and counts its own bytes: `per_launch` a Launch, from
+// 7 (as if it had served before).
+class LayoutHook : public CommHook {
+ public:
+  std::string name() const override { return "layout"; }
+  std::shared_ptr<Work> Launch(ProcessGroup& group, int bucket,
+                               BufferView grads) override {
+    launched_with.push_back(layouts.size());
+    sent += per_launch;
+    return group.AllReduce(grads, ReduceOp::kAvg);
+  }
+  absl::Status OnLayout(absl::Span<const ReducerBucket> buckets) override {
+    layouts.emplace_back(buckets.begin(), buckets.end());
+    return refuse ? absl::InvalidArgumentError("layout refused")
+                  : absl::OkStatus();
+  }
+  std::optional<uint64_t> bytes_sent() const override { return sent; }
+  size_t scratch_bytes() const override { return 1000; }
+
+  std::vector<std::vector<ReducerBucket>> layouts;
+  std::vector<size_t> launched_with;  // layouts.size() at each Launch.
+  uint64_t sent = 7;
+  uint64_t per_launch = 100;
+  bool refuse = false;
+};
+
+TEST(ReducerTest, HooksSeeEveryLayoutAndMayCountTheirBytes) {
+  auto hook = std::make_shared<LayoutHook>();
+  ReducerOptions options;
+  options.hook = hook;
+  options.first_bucket_bytes = 4;  // One bucket a parameter.
+  options.bucket_cap_bytes = 4;
+  auto reducer =
+      Reducer::Create(std::make_shared<FakeGroup>(), {2, 3, 4}, options)
+          .value();
+  ASSERT_EQ(hook->layouts.size(), 1u);
+  EXPECT_EQ(Flatten(hook->layouts[0]), Flatten(reducer->buckets()));
+  EXPECT_EQ(reducer->grad_bytes(), 9 * sizeof(float) + 1000);
+  for (int t = 0; t < 2; ++t) {
+    for (int p : {0, 1, 2}) ASSERT_TRUE(reducer->MarkReady(p).ok());
+    ASSERT_TRUE(reducer->Finish().ok());
+  }
+  // Rebuilt after the first Finish in the order 0, 1, 2, announced before
+  // the second iteration's Launches.
+  ASSERT_EQ(hook->layouts.size(), 2u);
+  EXPECT_EQ(hook->layouts[1][0].params, std::vector<int>{0});
+  EXPECT_EQ(Flatten(hook->layouts[1]), Flatten(reducer->buckets()));
+  EXPECT_EQ(hook->launched_with, (std::vector<size_t>{1, 1, 1, 2, 2, 2}));
+  // The hook's own count since Create: 6 Launches of 100.
+  EXPECT_EQ(reducer->bytes_communicated(), 600u);
+
+  hook->refuse = true;
+  absl::StatusOr<std::unique_ptr<Reducer>> refused =
+      Reducer::Create(std::make_shared<FakeGroup>(), {2}, options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(), "Reducer::Create: layout refused");
 }
 
 TEST(ReducerRanksTest, RebuildsInRankZerosReadyOrder) {
