@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "worker/parallel/ddp.h"
 #include "worker/parallel/fsdp.h"
 #include "worker/parallel/optimizer.h"
+#include "worker/parallel/powersgd.h"
 
 namespace cohort {
 namespace {
@@ -176,6 +178,23 @@ TEST(DeviceBuffers, CompressionCastsAreKernels) {
   });
   EXPECT_THAT(ranks.api(0).calls(), Contains("Convert(count=8, f32 to f16)"));
   EXPECT_THAT(ranks.api(0).calls(), Contains("Convert(count=8, f16 to f32)"));
+}
+
+// PowerSGD computes on the host: on a device group its first Launch fails
+// with UNIMPLEMENTED before anything is sent, and the Reducer reports it
+// at once (from the first iteration, not at start_powersgd_iter).
+TEST(DeviceBuffers, PowerSgdRefusesDeviceMemory) {
+  DeviceRanks ranks(1);
+  auto hook = PowerSgdHook::Create({}, {{4, 3}}).value();
+  ReducerOptions options;
+  options.hook = hook;
+  auto reducer = Reducer::Create(ranks.group(0), {12}, options);
+  ASSERT_TRUE(reducer.ok()) << reducer.status();
+  absl::Status marked = (*reducer)->MarkReady(0);
+  EXPECT_EQ(marked.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(marked.message(), HasSubstr("host groups only"));
+  EXPECT_EQ(hook->bytes_sent(), std::optional<uint64_t>(0));
+  EXPECT_EQ((*reducer)->Finish().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(DeviceBuffers, NoSyncAccumulatesOnTheDevice) {
