@@ -4,8 +4,10 @@ as worker/parallel/examples/train's defaults (MLP 64-512-512-512-16, ReLU,
 MSE, global batch 128, SGD lr 0.05 momentum 0.9) at world 2 on Gloo (CPU), one
 thread per rank, in two modes: compute_only (no communication) and ddp
 (DistributedDataParallel, bucket_cap_mb 25). Prints the median ms/step of
-each over ROUNDS rounds of STEPS steps.
-Usage: /usr/bin/python3 bench/torch_ddp_bench.py [rounds] [steps]"""
+each over ROUNDS rounds of STEPS steps. MODES adds others: powersgdR is DDP
+with torch's PowerSGD hook at rank R (start_powerSGD_iter 2, the least it
+takes; warm start and error feedback on), printing its last loss too.
+Usage: [MODES="compute_only ddp powersgd1"] python bench/torch_ddp_bench.py [rounds] [steps]"""
 import os, statistics, sys, time
 from datetime import timedelta
 import torch, torch.distributed as dist, torch.multiprocessing as mp
@@ -33,12 +35,20 @@ def run(rank, world, port, rounds, steps, out):
     with torch.no_grad():
         y = teacher(x)
     per_rank = GLOBAL_BATCH // world
-    results = {"compute_only": [], "ddp": []}
+    modes = os.environ.get("MODES", "compute_only ddp").split()
+    results = {m: [] for m in modes}
+    losses = {}
     for _ in range(rounds):
         for mode in results:
             net = model()
-            if mode == "ddp":
+            if mode == "ddp" or mode.startswith("powersgd"):
                 net = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=25)
+            if mode.startswith("powersgd"):
+                from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+                state = powerSGD_hook.PowerSGDState(
+                    process_group=None, matrix_approximation_rank=int(mode[8:]),
+                    start_powerSGD_iter=2)
+                net.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
             opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
             dist.barrier()
             start = None
@@ -52,8 +62,9 @@ def run(rank, world, port, rounds, steps, out):
                 opt.step()
             ms = (time.perf_counter() - start) * 1000 / (steps - 1)
             results[mode].append(ms)
+            losses[mode] = loss.item()
             if rank == 0:
-                print(f"torch {mode}: {ms:.2f} ms/step", flush=True)
+                print(f"torch {mode}: {ms:.2f} ms/step, last loss {losses[mode]:.6f}", flush=True)
     if rank == 0:
         out.put({m: statistics.median(v) for m, v in results.items()})
     dist.destroy_process_group()
@@ -74,4 +85,8 @@ if __name__ == "__main__":
         p.join()
     for mode, ms in medians.items():
         print(f"torch median {mode}: {ms:.2f} ms/step")
-    print(f"torch DDP / compute-only: {medians['ddp'] / medians['compute_only']:.2f}x")
+    if "ddp" in medians and "compute_only" in medians:
+        print(f"torch DDP / compute-only: {medians['ddp'] / medians['compute_only']:.2f}x")
+    for mode in medians:
+        if mode.startswith("powersgd") and "ddp" in medians:
+            print(f"torch {mode} / DDP step time: {medians[mode] / medians['ddp']:.2f}x")

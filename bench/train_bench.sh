@@ -8,6 +8,9 @@
 #   ddp_unverified ddp without the ProcessGroup's per-op check (as torch)
 #   fsdp           FULL_SHARD (prefetch depth 1); fsdp_grad_op: SHARD_GRAD_OP
 #   fsdp_prefetchK FULL_SHARD with --fsdp_prefetch=K (0: none; K units ahead)
+#   powersgdR      DDP with the PowerSGD hook at rank R (plain all_reduce for
+#                  the first 10 steps); the table adds the last step's loss
+#                  and the bytes per step after the start, against ddp's
 # Rounds alternate the modes so that drift on a shared VM hits all alike;
 # the table shows each mode's median and the hidden share of communication.
 #   bazel run //bench:train_bench -- [train flags, e.g. --bucket_cap_mb=0.5]
@@ -15,6 +18,7 @@
 #   MODES="compute_only ddp ddp_no_overlap fsdp_prefetch0 fsdp fsdp_prefetch2" \
 #     bazel run //bench:train_bench -- --dims=256,512,512,512,512,512,512,512,10 \
 #     --teacher_dims=256,128,10   # a deeper model (8 layers)
+#   MODES="ddp powersgd1 powersgd2 powersgd4" STEPS=200 bazel run //bench:train_bench
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-5}
@@ -42,6 +46,7 @@ for round in $(seq "$ROUNDS"); do
     [[ $m == ddp_no_overlap ]] && args=(--mode=ddp --overlap=false)
     [[ $m == ddp_unverified ]] && args=(--mode=ddp --verify_ops=false)
     [[ $m == fsdp_prefetch* ]] && args=(--mode=fsdp --fsdp_prefetch="${m#fsdp_prefetch}")
+    [[ $m == powersgd* ]] && args=(--mode=ddp --comm_hook=powersgd --powersgd_rank="${m#powersgd}" --powersgd_start_step=10)
     run=$((run + 1))
     worker/launch/cohortrun --coordinator="$ADDR" --run-id="bench-$run" \
       --nnodes=1:1 --nproc-per-node="$NPROC" -- \
@@ -52,6 +57,7 @@ for round in $(seq "$ROUNDS"); do
     sps=$(sed -n 's/.*steps_per_s=\([0-9.]*\).*/\1/p' <<<"$line")
     echo "$m $(awk -v s="$sps" 'BEGIN { printf "%.3f", 1000 / s }')" >>"$TMP/times"
     echo "$line" >"$TMP/last.$m"
+    grep '^step ' "$TMP/out" | tail -1 | sed 's/.*loss=//' >"$TMP/loss.$m"
     echo "round $round $m: $(awk -v s="$sps" 'BEGIN { printf "%.2f ms/step", 1000 / s }')"
   done
 done
@@ -79,6 +85,18 @@ if has compute_only && has ddp_unverified; then
   awk -v c="$c" -v u="$u" 'BEGIN { printf "DDP without verify_ops / compute-only: %.2fx (exposed %.2f ms/step)\n", u / c, u - c }'
 fi
 if has ddp; then
+  bytes() { sed -n 's/.*comm_bytes_per_rank=\([0-9]*\).*/\1/p' "$TMP/last.$1"; }
+  for m in "${modes[@]}"; do
+    [[ $m == powersgd* ]] || continue
+    # Bytes per compressed step: what the run sent beyond its 10 plain steps
+    # (ddp's per-step bytes each), over the remaining steps.
+    awk -v d="$(bytes ddp)" -v p="$(bytes "$m")" -v s="$STEPS" -v m="$m" \
+        -v dt="$(median ddp)" -v pt="$(median "$m")" \
+        -v dl="$(cat "$TMP/loss.ddp")" -v pl="$(cat "$TMP/loss.$m")" 'BEGIN {
+      per = d / s; c = (p - 10 * per) / (s - 10)
+      printf "%s: %.0f bytes/step compressed vs ddp %.0f (1/%.1f); step time %.2fx ddp; loss at step %d %s vs ddp %s\n",
+        m, c, per, per / c, pt / dt, s, pl, dl }'
+  done
   d=$(median ddp)
   for m in "${modes[@]}"; do
     [[ $m == fsdp* ]] || continue

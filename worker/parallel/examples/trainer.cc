@@ -19,6 +19,7 @@
 #include "worker/parallel/examples/mlp.h"
 #include "worker/parallel/fsdp.h"
 #include "worker/parallel/optimizer.h"
+#include "worker/parallel/powersgd.h"
 
 namespace cohort::examples {
 namespace {
@@ -97,12 +98,32 @@ absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainConfig& c) {
       "unknown optimizer '", c.optimizer, "'; expected sgd or adam"));
 }
 
-absl::StatusOr<std::shared_ptr<CommHook>> MakeHook(const std::string& name) {
+absl::StatusOr<std::shared_ptr<CommHook>> MakeHook(const TrainConfig& c,
+                                                   const Mlp& mlp) {
+  const std::string& name = c.comm_hook;
   if (name == "none") return AllReduceHook();
   if (name == "fp16") return Fp16CompressHook();
   if (name == "bf16") return Bf16CompressHook();
+  if (name == "powersgd") {
+    // Layer l's weight is dims[l+1] x dims[l], column-major; its bias a
+    // column.
+    std::vector<MatrixShape> shapes;
+    for (int l = 0; l < mlp.num_layers(); ++l) {
+      const size_t out = mlp.dims()[l + 1], in = mlp.dims()[l];
+      shapes.push_back({out, in});
+      shapes.push_back({out, 1});
+    }
+    PowerSgdOptions options;
+    options.matrix_approximation_rank = c.powersgd_rank;
+    options.start_powersgd_iter = c.powersgd_start_step;
+    options.seed = c.seed;
+    absl::StatusOr<std::shared_ptr<PowerSgdHook>> hook =
+        PowerSgdHook::Create(options, std::move(shapes));
+    if (!hook.ok()) return hook.status();
+    return std::shared_ptr<CommHook>(*std::move(hook));
+  }
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown comm_hook '", name, "'; expected none, fp16 or bf16"));
+      "unknown comm_hook '", name, "'; expected none, fp16, bf16 or powersgd"));
 }
 
 // The data this rank trains on: its sampler's indices for the current
@@ -496,7 +517,7 @@ absl::StatusOr<TrainReport> TrainDdp(const TrainConfig& c,
   for (auto& p : params) views.push_back(BufferView::Of(p.data(), p.size()));
   if (absl::Status s = BroadcastFromRank0(*group, views); !s.ok()) return s;
 
-  absl::StatusOr<std::shared_ptr<CommHook>> hook = MakeHook(c.comm_hook);
+  absl::StatusOr<std::shared_ptr<CommHook>> hook = MakeHook(c, job.mlp);
   if (!hook.ok()) return hook.status();
   ReducerOptions options;
   options.first_bucket_bytes = c.first_bucket_bytes;
