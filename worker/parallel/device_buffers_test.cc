@@ -5,92 +5,25 @@
 // GPU would fault; the tests also read the calls each rank made, to check
 // that gradients and parameters never go through the host.
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/in_process_store.h"
-#include "worker/collective/nccl/fake_nccl_api.h"
-#include "worker/collective/nccl/nccl_process_group.h"
 #include "worker/parallel/ddp.h"
 #include "worker/parallel/fsdp.h"
 #include "worker/parallel/optimizer.h"
 #include "worker/parallel/powersgd.h"
+#include "worker/parallel/testing/device_ranks.h"
 
 namespace cohort {
 namespace {
 
+using ::cohort::testing::DeviceRanks;
 using ::testing::Contains;
 using ::testing::HasSubstr;
-
-// `n` ranks of an NcclProcessGroup over the fake, strict about pointers.
-class DeviceRanks {
- public:
-  explicit DeviceRanks(int n) : n_(n) {
-    auto store = std::make_shared<InProcessStore>();
-    auto world = NewFakeNcclWorld();
-    for (int r = 0; r < n; ++r) {
-      apis_.push_back(std::make_shared<FakeNcclApi>(world));
-      apis_.back()->RequireDeviceMemory();
-    }
-    groups_.resize(n);
-    RunAll([&](int r) {
-      NcclOptions options;
-      options.group.timeout = absl::Seconds(20);
-      // verify_ops stages its small op descriptions through the host; off,
-      // so that every byte to the host the tests count is data.
-      options.group.verify_ops = false;
-      options.api = apis_[r];
-      auto group = NcclProcessGroup::Create(store, r, n_, options);
-      ASSERT_TRUE(group.ok()) << group.status();
-      groups_[r] = std::move(*group);
-    });
-  }
-
-  void RunAll(const std::function<void(int)>& fn) {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n_; ++r) threads.emplace_back(fn, r);
-    for (auto& t : threads) t.join();
-  }
-
-  std::shared_ptr<ProcessGroup> group(int r) { return groups_[r]; }
-  FakeNcclApi& api(int r) { return *apis_[r]; }
-
-  // Bytes copied device to host by rank r from its call number `from` on.
-  size_t BytesToHost(int r, size_t from = 0) {
-    size_t total = 0;
-    std::vector<std::string> calls = api(r).calls();
-    for (size_t i = from; i < calls.size(); ++i) {
-      if (!absl::EndsWith(calls[i], " bytes, device to host)")) continue;
-      std::vector<std::string> parts = absl::StrSplit(calls[i], '(');
-      size_t bytes = 0;
-      EXPECT_TRUE(absl::SimpleAtoi(
-          std::vector<std::string>(absl::StrSplit(parts[1], ' '))[0], &bytes));
-      total += bytes;
-    }
-    return total;
-  }
-  size_t CallCount(int r) { return api(r).calls().size(); }
-
-  // Rank r's "device" memory is host memory in the fake, so the test may
-  // write and read it directly, as a kernel would.
-  float* DeviceFloats(int r, size_t n) {
-    return static_cast<float*>(*api(r).Alloc(0, n * sizeof(float)));
-  }
-
- private:
-  const int n_;
-  std::vector<std::shared_ptr<FakeNcclApi>> apis_;
-  std::vector<std::shared_ptr<ProcessGroup>> groups_;
-};
 
 // A gradient value for rank r, parameter p, element i, iteration t.
 float Grad(int r, int p, size_t i, int t) {
