@@ -334,6 +334,62 @@ TEST(DeviceBuffers, AnOptimizerSlotStaysInOneMemory) {
   ranks.api(0).Free(grads);
 }
 
+// A slot's state in device memory is exported through the host; state
+// imported on the host moves to the device at the slot's first step there
+// (allocated and copied once) and stays. Both continue the host's steps
+// bit for bit: the fake's kernels are the host's arithmetic.
+TEST(DeviceBuffers, OptimizerStateLeavesAndReentersTheDevice) {
+  constexpr size_t kN = 5;
+  DeviceRanks ranks(1);
+  GroupMemory device(ranks.group(0)->device_memory());
+  float* params = ranks.DeviceFloats(0, kN);
+  float* grads = ranks.DeviceFloats(0, kN);
+  std::vector<float> want(kN);
+  for (size_t i = 0; i < kN; ++i) want[i] = params[i] = 0.5f - 0.1f * i;
+  std::unique_ptr<Optimizer> host = *NewAdam({.lr = 0.01f});
+  std::unique_ptr<Optimizer> saver = *NewAdam({.lr = 0.01f});
+  std::unique_ptr<Optimizer> resumed = *NewAdam({.lr = 0.01f});
+  auto step = [&](Optimizer& on_device, int t) {
+    std::vector<float> g(kN);
+    for (size_t i = 0; i < kN; ++i) g[i] = grads[i] = 0.3f * t - 0.07f * i;
+    ASSERT_TRUE(host->Step(3, absl::MakeSpan(want), g).ok());
+    absl::Status s = on_device.StepIn(device, 3, params, grads, kN);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(std::memcmp(params, want.data(), kN * sizeof(float)), 0)
+        << "step " << t;
+  };
+  step(*saver, 1);
+  step(*saver, 2);
+  const size_t before = ranks.CallCount(0);
+  absl::StatusOr<OptimizerSlotState> exported = saver->ExportSlot(3);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(ranks.BytesToHost(0, before), 2 * kN * sizeof(float));
+  const OptimizerSlotState reference = *host->ExportSlot(3);
+  EXPECT_EQ(exported->step, 2);
+  ASSERT_EQ(exported->buffers.size(), 2u);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(std::memcmp(exported->buffers[k].data(),
+                          reference.buffers[k].data(), kN * sizeof(float)),
+              0)
+        << "state " << k;
+  }
+
+  ASSERT_TRUE(resumed->ImportSlot(3, *exported).ok());
+  const size_t allocated = ranks.api(0).allocated_bytes();
+  step(*resumed, 3);
+  // The state moved: its two buffers were allocated on the device.
+  EXPECT_EQ(ranks.api(0).allocated_bytes(), allocated + 2 * kN * sizeof(float));
+  step(*resumed, 4);
+  EXPECT_EQ(resumed->ExportSlot(3)->buffers, host->ExportSlot(3)->buffers);
+  std::vector<float> host_params(kN), host_grads(kN);
+  absl::Status mixed =
+      resumed->Step(3, absl::MakeSpan(host_params), host_grads);
+  EXPECT_THAT(mixed.message(), HasSubstr("slot 3's state is in device memory"));
+  EXPECT_EQ(ranks.api(0).host_pointer_calls(), 0);
+  ranks.api(0).Free(params);
+  ranks.api(0).Free(grads);
+}
+
 TEST(DeviceBuffers, AHostPointerIsRefusedAsAGpuWouldFault) {
   // What the strict fake catches: DDP's old host buckets would have been
   // refused here, call by call.

@@ -73,6 +73,10 @@ class ElementwiseOptimizer : public Optimizer {
           name(), ": slot ", slot, " was first stepped with ", it->second.size,
           " elements, now ", count,
           "; every step of a slot must pass the same tensor (or shard)"));
+    } else if (it->second.imported) {
+      if (absl::Status s = MoveImported(memory, slot, it->second); !s.ok()) {
+        return s;
+      }
     } else if (it->second.device != memory.device()) {
       return absl::InvalidArgumentError(absl::StrCat(
           name(), ": slot ", slot, "'s state is in ",
@@ -106,17 +110,24 @@ class ElementwiseOptimizer : public Optimizer {
           absl::StrCat(name(), ": slot ", slot, " has no state yet"));
     }
     const SlotState& state = it->second;
-    if (state.device != nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          name(), ": slot ", slot,
-          "'s state is in device memory; only host state is exported"));
-    }
     OptimizerSlotState out;
     out.step = state.step;
     out.size = state.size;
     for (int k = 0; k < num_states(); ++k) {
+      out.buffers.emplace_back(state.size);
       const float* data = state.state[k].floats();
-      out.buffers.emplace_back(data, data + state.size);
+      if (state.device == nullptr) {
+        std::copy(data, data + state.size, out.buffers.back().begin());
+        continue;
+      }
+      if (state.size == 0) continue;
+      if (absl::Status s = state.device->CopyToHost(
+              out.buffers.back().data(), data, state.size * sizeof(float));
+          !s.ok()) {
+        return absl::Status(s.code(),
+                            absl::StrCat(name(), ": exporting slot ", slot,
+                                         " from the device: ", s.message()));
+      }
     }
     return out;
   }
@@ -135,6 +146,7 @@ class ElementwiseOptimizer : public Optimizer {
     SlotState fresh;
     fresh.size = in.size;
     fresh.step = in.step;
+    fresh.imported = true;
     for (int k = 0; k < num_states(); ++k) {
       if (in.buffers[k].size() != in.size) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -168,9 +180,39 @@ class ElementwiseOptimizer : public Optimizer {
   struct SlotState {
     size_t size = 0;
     DeviceMemory* device = nullptr;  // Where the state lives; null: host.
+    // Imported (in host memory) and not stepped since: the next step's
+    // memory becomes the state's.
+    bool imported = false;
     long long step = 0;
     GroupBuffer state[2];
   };
+
+  // Moves an imported slot's host state into `memory` (if that is a
+  // device's: allocates there and copies), where it then stays.
+  absl::Status MoveImported(GroupMemory& memory, int slot, SlotState& state) {
+    state.imported = false;
+    if (!memory.on_device()) return absl::OkStatus();
+    GroupBuffer moved[2];
+    for (int k = 0; k < num_states(); ++k) {
+      absl::StatusOr<GroupBuffer> buffer = memory.AllocateFloats(state.size);
+      absl::Status s = buffer.status();
+      if (s.ok()) {
+        s = memory.FromHost(buffer->data(), state.state[k].data(),
+                            state.state[k].bytes());
+      }
+      if (!s.ok()) {
+        state.imported = true;  // Still on the host; a later step may retry.
+        return absl::Status(
+            s.code(),
+            absl::StrCat(name(), ": moving slot ", slot,
+                         "'s imported state to the device: ", s.message()));
+      }
+      moved[k] = std::move(*buffer);
+    }
+    for (int k = 0; k < num_states(); ++k) state.state[k] = std::move(moved[k]);
+    state.device = memory.device();
+    return absl::OkStatus();
+  }
 
   GroupMemory host_{nullptr};
   std::map<int, SlotState> slots_;

@@ -63,8 +63,10 @@ class Optimizer {
   // an NCCL group's device memory: the slot's state is allocated on the
   // device and the update runs as a kernel on the group's device, nothing
   // on the host). Step() is StepIn over host memory. A slot's state stays
-  // in the memory of its first step: INVALID_ARGUMENT for a step of it in
-  // another, or null buffers. The memory must outlive the optimizer.
+  // in the memory of its first step (for an imported slot, of its first
+  // step after the import: host state imported is moved there, allocated
+  // and copied once): INVALID_ARGUMENT for a step of it in another, or null
+  // buffers. The memory must outlive the optimizer.
   virtual absl::Status StepIn(GroupMemory& memory, int slot, float* params,
                               const float* grads, size_t count) = 0;
 
@@ -79,14 +81,18 @@ class Optimizer {
   virtual std::vector<std::string> state_names() const = 0;
   // Slots that have state (stepped or imported), ascending.
   virtual std::vector<int> slots() const = 0;
-  // A copy of the slot's state. NOT_FOUND for a slot that has none;
-  // FAILED_PRECONDITION for one in device memory.
+  // A copy of the slot's state in host memory; state in device memory is
+  // copied to the host (DeviceMemory::CopyToHost: REQUIRES no op in flight
+  // on it, which holds between steps). NOT_FOUND for a slot that has none;
+  // the device's error if the copy fails.
   virtual absl::StatusOr<OptimizerSlotState> ExportSlot(int slot) const = 0;
   // Creates or replaces the slot's state in host memory, so that the next
-  // Step of the slot continues as the one that exported it would have.
-  // INVALID_ARGUMENT for a negative slot, or buffers that are not one per
-  // state name of `size` elements each.
-  virtual absl::Status ImportSlot(int slot, const OptimizerSlotState& state) = 0;
+  // Step (or StepIn) of the slot continues as the one that exported it
+  // would have; that step's memory, a device's too, becomes the state's
+  // (see StepIn). INVALID_ARGUMENT for a negative slot, or buffers that are
+  // not one per state name of `size` elements each.
+  virtual absl::Status ImportSlot(int slot,
+                                  const OptimizerSlotState& state) = 0;
 };
 
 // INVALID_ARGUMENT naming the option for a negative or non-finite lr,
