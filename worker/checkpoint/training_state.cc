@@ -44,9 +44,9 @@ absl::StatusOr<long long> SavedStep(const CheckpointReader& reader,
   long long value = 0;
   if (name == attributes.end() || step == attributes.end() ||
       !absl::SimpleAtoi(step->second, &value)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint of step ", reader.step(),
-        " has no optimizer attributes: not a training state"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint of step ", reader.step(),
+                     " has no optimizer attributes: not a training state"));
   }
   if (name->second != optimizer.name()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -97,10 +97,30 @@ absl::StatusOr<std::pair<std::vector<size_t>, size_t>> UnitParams(
       total != fsdp.unpadded_elements(u)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "FSDP unit ", u, " does not hold the model's parameters from ", first,
-        " on (", fsdp.unpadded_elements(u), " elements in ",
-        fsdp.num_params(u), " parameters)"));
+        " on (", fsdp.unpadded_elements(u), " elements in ", fsdp.num_params(u),
+        " parameters)"));
   }
   return std::make_pair(std::move(sizes), first);
+}
+
+// Unit u's parameter shard where the host may read it: the shard itself,
+// or, on a device, a copy appended to `staged` (which must outlive the save).
+absl::StatusOr<absl::Span<const float>> HostShard(
+    Fsdp& fsdp, int u, std::vector<std::vector<float>>& staged) {
+  absl::Span<const float> shard = fsdp.param_shard(u);
+  if (!fsdp.on_device()) return shard;
+  staged.emplace_back(shard.size());
+  if (!shard.empty()) {
+    absl::Status s = fsdp.group().device_memory()->CopyToHost(
+        staged.back().data(), shard.data(), shard.size() * sizeof(float));
+    if (!s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("FSDP unit ", u,
+                                 ": copying its shard to the host to save: ",
+                                 s.message()));
+    }
+  }
+  return absl::MakeConstSpan(staged.back());
 }
 
 // The caller's attributes beside the optimizer's, which they may not replace.
@@ -108,9 +128,9 @@ absl::Status AddExtra(const std::map<std::string, std::string>& extra,
                       std::map<std::string, std::string>& attributes) {
   for (const auto& [name, value] : extra) {
     if (!attributes.emplace(name, value).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint attribute '", name,
-          "' is the training state's own; choose another name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint attribute '", name,
+                       "' is the training state's own; choose another name"));
     }
   }
   return absl::OkStatus();
@@ -138,8 +158,8 @@ absl::Status SaveReplicaState(CheckpointWriter& writer, bool async,
     if (!state.ok()) return state.status();
     exported.push_back(*std::move(state));
     for (size_t k = 0; k < states.size(); ++k) {
-      shards.push_back({StateName(i, states[k]), {size}, 0,
-                        exported.back().buffers[k]});
+      shards.push_back(
+          {StateName(i, states[k]), {size}, 0, exported.back().buffers[k]});
     }
   }
   absl::StatusOr<std::map<std::string, std::string>> attributes =
@@ -187,15 +207,15 @@ absl::Status SaveFsdpState(CheckpointWriter& writer, bool async, int64_t step,
                            Fsdp& fsdp, const std::vector<size_t>& param_sizes,
                            const Optimizer& optimizer,
                            const std::map<std::string, std::string>& extra) {
-  if (fsdp.on_device()) {
-    return absl::FailedPreconditionError(
-        "checkpoints of FSDP on device memory are not supported yet");
-  }
   const std::vector<std::string> states = optimizer.state_names();
   const int rank = fsdp.group().rank();
   const int world = fsdp.group().size();
+  // Alive until the save has copied them: exported optimizer state and, on
+  // a device, the parameter shards staged on the host.
   std::vector<OptimizerSlotState> exported;
   exported.reserve(fsdp.num_units());
+  std::vector<std::vector<float>> staged;
+  staged.reserve(fsdp.num_units());
   std::vector<ShardToSave> shards;
   size_t first = 0;
   for (int u = 0; u < fsdp.num_units(); ++u) {
@@ -205,7 +225,8 @@ absl::Status SaveFsdpState(CheckpointWriter& writer, bool async, int64_t step,
     // The part of the unit this rank writes, and where it is in the shard.
     const ElementRange mine = EvenShard(fsdp.unpadded_elements(u), rank, world);
     const uint64_t in_shard = mine.start - ShardBegin(fsdp, u);
-    absl::Span<const float> shard = fsdp.param_shard(u);
+    absl::StatusOr<absl::Span<const float>> shard = HostShard(fsdp, u, staged);
+    if (!shard.ok()) return shard.status();
     const OptimizerSlotState* state = nullptr;
     if (!states.empty()) {
       absl::StatusOr<OptimizerSlotState> got = optimizer.ExportSlot(u);
@@ -219,12 +240,16 @@ absl::Status SaveFsdpState(CheckpointWriter& writer, bool async, int64_t step,
     for (const FlatPiece& p : SplitFlatRange(sizes, mine.start, mine.count)) {
       const size_t i = first + p.tensor;
       const uint64_t at = in_shard + p.offset;
-      shards.push_back({ParamName(i), {sizes[p.tensor]}, p.start,
-                        shard.subspan(at, p.count)});
+      shards.push_back({ParamName(i),
+                        {sizes[p.tensor]},
+                        p.start,
+                        shard->subspan(at, p.count)});
       if (state == nullptr) continue;
       for (size_t k = 0; k < states.size(); ++k) {
         shards.push_back(
-            {StateName(i, states[k]), {sizes[p.tensor]}, p.start,
+            {StateName(i, states[k]),
+             {sizes[p.tensor]},
+             p.start,
              absl::MakeConstSpan(state->buffers[k]).subspan(at, p.count)});
       }
     }
@@ -240,10 +265,6 @@ absl::Status SaveFsdpState(CheckpointWriter& writer, bool async, int64_t step,
 absl::Status LoadFsdpState(const CheckpointReader& reader, Fsdp& fsdp,
                            const std::vector<size_t>& param_sizes,
                            Optimizer& optimizer) {
-  if (fsdp.on_device()) {
-    return absl::FailedPreconditionError(
-        "checkpoints of FSDP on device memory are not supported yet");
-  }
   absl::StatusOr<long long> step = SavedStep(reader, optimizer);
   if (!step.ok()) return step.status();
   const std::vector<std::string> states = optimizer.state_names();
@@ -258,8 +279,15 @@ absl::Status LoadFsdpState(const CheckpointReader& reader, Fsdp& fsdp,
         return s;
       }
     }
-    // What this rank holds of the unit now, padding excluded.
-    absl::Span<float> shard = fsdp.param_shard(u);
+    // What this rank holds of the unit now, padding excluded, read into
+    // the shard (on a device, into a host copy of it, copied over after).
+    absl::Span<float> device_shard = fsdp.param_shard(u);
+    std::vector<float> staged;
+    absl::Span<float> shard = device_shard;
+    if (fsdp.on_device()) {
+      staged.resize(device_shard.size());
+      shard = absl::MakeSpan(staged);
+    }
     const uint64_t begin = ShardBegin(fsdp, u);
     const uint64_t held =
         std::min<uint64_t>(fsdp.unpadded_elements(u), begin + shard.size()) -
@@ -270,7 +298,8 @@ absl::Status LoadFsdpState(const CheckpointReader& reader, Fsdp& fsdp,
     for (const std::string& state : states) {
       has_state = has_state && reader.Has(StateName(first, state));
     }
-    if (has_state) slot.buffers.assign(states.size(), std::vector<float>(shard.size()));
+    if (has_state)
+      slot.buffers.assign(states.size(), std::vector<float>(shard.size()));
     for (const FlatPiece& p : SplitFlatRange(sizes, begin, held)) {
       const size_t i = first + p.tensor;
       if (absl::Status s = reader.Read(ParamName(i), p.start,
@@ -286,6 +315,16 @@ absl::Status LoadFsdpState(const CheckpointReader& reader, Fsdp& fsdp,
             !s.ok()) {
           return s;
         }
+      }
+    }
+    if (fsdp.on_device() && !shard.empty()) {
+      absl::Status s = fsdp.group().device_memory()->CopyToDevice(
+          device_shard.data(), shard.data(), shard.size() * sizeof(float));
+      if (!s.ok()) {
+        return absl::Status(
+            s.code(), absl::StrCat("FSDP unit ", u,
+                                   ": copying its loaded shard to the device: ",
+                                   s.message()));
       }
     }
     if (has_state || states.empty()) {
