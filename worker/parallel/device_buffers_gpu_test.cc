@@ -5,14 +5,20 @@
 // case is SKIPPED with the reason (device_buffers_test covers the same
 // paths over the fake NCCL everywhere).
 //
+// An FSDP checkpoint saved from device memory loads back into it bit for
+// bit, and the steps after it continue as the saver's.
+//
 // At world 1 the same training steps also run over the fake NCCL, whose
 // "device" is host memory and whose kernels are elementwise.h's host
 // arithmetic: the GPU's results must equal the host's bit for bit, and a
 // steady-state step must allocate no device memory (no cudaMalloc).
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -20,6 +26,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/in_process_store.h"
+#include "worker/checkpoint/training_state.h"
 #include "worker/collective/nccl/cuda_nccl_api.h"
 #include "worker/collective/nccl/fake_nccl_api.h"
 #include "worker/collective/nccl/nccl_backend.h"
@@ -116,7 +123,6 @@ TEST(DeviceBuffersGpu, FsdpStepsShardsInDeviceMemory) {
   });
 }
 
-
 // An NcclApi that counts the device allocations made through it.
 class CountingApi final : public NcclApi {
  public:
@@ -166,15 +172,15 @@ Steps RunSteps(std::shared_ptr<NcclApi> base) {
   options.device = 0;
   options.group.timeout = absl::Seconds(60);
   options.api = api;
-  auto created = NcclProcessGroup::Create(std::make_shared<InProcessStore>(),
-                                          0, 1, options);
+  auto created = NcclProcessGroup::Create(std::make_shared<InProcessStore>(), 0,
+                                          1, options);
   EXPECT_TRUE(created.ok()) << created.status();
   if (!created.ok()) return out;
   std::shared_ptr<NcclProcessGroup> g(std::move(*created));
   auto to_device = [&](float* device, const std::vector<float>& host) {
-    EXPECT_TRUE(g->Copy(device, host.data(), host.size() * 4,
-                        CopyKind::kHostToDevice)
-                    .ok());
+    EXPECT_TRUE(
+        g->Copy(device, host.data(), host.size() * 4, CopyKind::kHostToDevice)
+            .ok());
   };
   auto read = [&](const float* device, size_t n) {
     std::vector<float> host(n);
@@ -206,9 +212,9 @@ Steps RunSteps(std::shared_ptr<NcclApi> base) {
       // The first iteration takes the buckets, the second rebuilds them
       // in ready order; from the third on nothing is allocated.
       if (t >= 2 && api->allocations() != before) {
-        out.steady_state_allocations.push_back(absl::StrCat(
-            "DDP", compress ? " fp16" : "", " iteration ", t, ": ",
-            api->allocations() - before, " allocations"));
+        out.steady_state_allocations.push_back(
+            absl::StrCat("DDP", compress ? " fp16" : "", " iteration ", t, ": ",
+                         api->allocations() - before, " allocations"));
       }
     }
   }
@@ -261,9 +267,9 @@ Steps RunSteps(std::shared_ptr<NcclApi> base) {
       (*fsdp)->ZeroGrad();
       // The first step takes the optimizer's state; after it, none.
       if (t >= 2 && api->allocations() != before) {
-        out.steady_state_allocations.push_back(absl::StrCat(
-            "FSDP ", ShardingStrategyName(strategy), " step ", t, ": ",
-            api->allocations() - before, " allocations"));
+        out.steady_state_allocations.push_back(
+            absl::StrCat("FSDP ", ShardingStrategyName(strategy), " step ", t,
+                         ": ", api->allocations() - before, " allocations"));
       }
     }
     for (int u = 0; u < (*fsdp)->num_units(); ++u) {
@@ -295,6 +301,99 @@ TEST(DeviceBuffersGpu, StepsAtWorldOneEqualTheHostsBitForBit) {
   EXPECT_EQ(differing, 0u) << "first at value " << first << ": GPU "
                            << gpu.values[first] << ", host "
                            << host.values[first];
+}
+
+// FSDP with Adam on the devices saves its training state (staged through
+// the host) and a fresh FSDP on the same devices loads it: parameters and
+// moments come back bit for bit, and the next step (the loaded moments
+// moving to the device) equals the saver's bit for bit.
+TEST(DeviceBuffersGpu, FsdpCheckpointLoadsAndContinuesBitForBit) {
+  DEVICES_OR_SKIP(n);
+  char dir_template[] = "/tmp/device_buffers_gpu_test.XXXXXX";
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = tmp != nullptr ? absl::StrCat(tmp, "/checkpoint")
+                                   : std::string(mkdtemp(dir_template));
+  auto store = std::make_shared<InProcessStore>();
+  const std::vector<size_t> sizes = {5, 1000, 3};
+  const std::vector<std::vector<size_t>> units = {{5, 1000}, {3}};
+  OnEveryDevice(n, [&](std::shared_ptr<NcclProcessGroup> g) {
+    auto step = [&](Fsdp& fsdp, Optimizer& adam, int t) {
+      for (int u = 0; u < 2; ++u) {
+        ASSERT_TRUE(fsdp.BeginForward(u).ok());
+        ASSERT_TRUE(fsdp.EndForward(u).ok());
+      }
+      for (int u = 1; u >= 0; --u) {
+        ASSERT_TRUE(fsdp.BeginBackward(u).ok());
+        for (int i = 0; i < fsdp.num_params(u); ++i) {
+          absl::Span<float> grad = fsdp.grad(u, i);
+          std::vector<float> mine(grad.size());
+          for (size_t k = 0; k < mine.size(); ++k) {
+            mine[k] = GradValue(i + 10 * u + g->rank(), k, t);
+          }
+          ASSERT_TRUE(g->Copy(grad.data(), mine.data(), mine.size() * 4,
+                              CopyKind::kHostToDevice)
+                          .ok());
+        }
+        ASSERT_TRUE(fsdp.EndBackward(u).ok());
+      }
+      ASSERT_TRUE(fsdp.FinishBackward().ok());
+      absl::Status stepped = fsdp.Step(adam);
+      ASSERT_TRUE(stepped.ok()) << stepped;
+      fsdp.ZeroGrad();
+    };
+    auto expect_same = [&](Fsdp& a, Optimizer& adam_a, Fsdp& b,
+                           Optimizer& adam_b, const std::string& when) {
+      for (int u = 0; u < 2; ++u) {
+        auto full_a = a.GatherFullParams(u);
+        auto full_b = b.GatherFullParams(u);
+        ASSERT_TRUE(full_a.ok() && full_b.ok());
+        EXPECT_EQ(
+            std::memcmp(full_a->data(), full_b->data(), full_a->size() * 4), 0)
+            << when << ": unit " << u << "'s parameters";
+        auto state_a = adam_a.ExportSlot(u);
+        auto state_b = adam_b.ExportSlot(u);
+        ASSERT_TRUE(state_a.ok()) << state_a.status();
+        ASSERT_TRUE(state_b.ok()) << state_b.status();
+        EXPECT_EQ(state_a->step, state_b->step) << when;
+        for (int k = 0; k < 2; ++k) {
+          EXPECT_EQ(std::memcmp(state_a->buffers[k].data(),
+                                state_b->buffers[k].data(),
+                                state_a->buffers[k].size() * 4),
+                    0)
+              << when << ": unit " << u << "'s moment " << k;
+        }
+      }
+    };
+    auto saver = Fsdp::Create(g, units);
+    ASSERT_TRUE(saver.ok()) << saver.status();
+    ASSERT_TRUE((*saver)->on_device());
+    std::vector<float> w(5, 0.25f), b(1000, -0.5f), c(3, 1.0f);
+    ASSERT_TRUE((*saver)->LoadFromRank0({{w, b}, {c}}).ok());
+    std::unique_ptr<Optimizer> adam = *NewAdam({.lr = 0.01f});
+    for (int t = 0; t < 2; ++t) step(**saver, *adam, t);
+
+    CheckpointCatalog catalog(store.get(), CheckpointPrefix("gpu"));
+    auto writer = CheckpointWriter::Create({.dir = dir,
+                                            .rank = g->rank(),
+                                            .world_size = g->size(),
+                                            .catalog = &catalog});
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    absl::Status saved =
+        SaveFsdpState(**writer, /*async=*/false, 2, **saver, sizes, *adam);
+    ASSERT_TRUE(saved.ok()) << saved;
+    auto reader = CheckpointReader::OpenLatest(catalog);
+    ASSERT_TRUE(reader.ok() && *reader != nullptr);
+    auto loaded = Fsdp::Create(g, units);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    std::unique_ptr<Optimizer> resumed = *NewAdam({.lr = 0.01f});
+    absl::Status load = LoadFsdpState(**reader, **loaded, sizes, *resumed);
+    ASSERT_TRUE(load.ok()) << load;
+    expect_same(**saver, *adam, **loaded, *resumed, "loaded");
+    step(**saver, *adam, 2);
+    step(**loaded, *resumed, 2);
+    expect_same(**saver, *adam, **loaded, *resumed, "one step on");
+  });
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
