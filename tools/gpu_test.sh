@@ -22,7 +22,8 @@
 #   nccl_device_test         init, split, abort, errors, stream order
 #   nccl_device_test:hang    the watchdog aborting a hung op (own process)
 #   device_buffers_gpu_test  DDP and FSDP on device memory, bit for bit
-#                            against the host; no cudaMalloc when steady
+#                            against the host; no cudaMalloc when steady;
+#                            an FSDP checkpoint saved and loaded there
 #   device_memory_bench      kernel GB/s beside the device's copy; the cost
 #                            of one DeviceMemory call
 #   nccl_bench               under cohortrun and a local cohortd, one
