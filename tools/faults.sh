@@ -61,6 +61,8 @@ tsan_targets=(
   //worker/collective/nccl:watched_comm_test
   //worker/collective/nccl:nccl_process_group_test
   //worker/parallel:device_buffers_test
+  //worker/parallel:device_checkpoint_test
+  //worker/parallel:powersgd_test
   //worker/checkpoint:checkpoint_test
   //worker/checkpoint:training_state_test
 )
