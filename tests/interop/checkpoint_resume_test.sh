@@ -11,7 +11,8 @@
 #     uninterrupted job, bit for bit (world 2: sums of two terms commute);
 #  3. that job's checkpoint resumed by DDP on one worker: it starts after
 #     the checkpoint's step, at another world size and in another mode;
-#  4. an elastic job (two cohortrun nodes, --nnodes=1:2) loses a node after
+#  4. an elastic job (two cohortrun nodes, --nnodes=1:2; a 10 s last call,
+#     not 30, for a second node in each round) loses a node after
 #     step 12 (its last worker SIGKILLs its cohortrun, then itself): the
 #     other node's next round runs at world 1 and resumes from the latest
 #     checkpoint saved at world 2, FSDP's shards re-cut; the loss curve
@@ -121,7 +122,8 @@ grep -q '^resuming after step 20 .*(saved at world 2)' "$TMP/other_world.out" ||
 pids=()
 for n in a b; do
   ( timeout 300 "$RUN" --coordinator="127.0.0.1:$PORT" --run-id=leave --node-id=$n \
-      --heartbeat-interval=1s --nnodes=1:2 --nproc-per-node=1 --max-restarts=1 -- \
+      --heartbeat-interval=1s --last-call-timeout=10s --nnodes=1:2 --nproc-per-node=1 \
+      --max-restarts=1 -- \
       "$TRAIN" --mode=fsdp --steps=30 --seed=7 --optimizer=adam --lr=0.001 \
       --dims=64,128,128,16 --checkpoint_dir="$TMP/leave.ckpt" --checkpoint_every=5 \
       --resume --fault_kill_after_step=12 --fault_kill_node \
