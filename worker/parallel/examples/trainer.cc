@@ -1,5 +1,6 @@
 #include "worker/parallel/examples/trainer.h"
 
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -314,12 +315,13 @@ struct Job {
 
   // fp16: unscales the reduced gradients and says whether step `step` is
   // skipped, the same answer on every rank of `group` (a found-inf flag
-  // all_reduced). Without loss scaling: never.
+  // all_reduced). Without loss scaling: never, and `grads` (which lists
+  // them) is not called, so f32 and bf16 steps build nothing here.
   absl::StatusOr<bool> UnscaleAndCheck(
-      int step, const std::vector<absl::Span<float>>& grads,
+      int step, const std::function<std::vector<absl::Span<float>>()>& grads,
       ProcessGroup* group, TrainReport& report) {
     if (!scaler.has_value()) return false;
-    absl::StatusOr<bool> found = scaler->UnscaleAndCheck(grads, group);
+    absl::StatusOr<bool> found = scaler->UnscaleAndCheck(grads(), group);
     if (!found.ok()) return found.status();
     scaler->Update(*found);
     if (*found) report.skipped_steps.push_back(step);
@@ -484,7 +486,8 @@ absl::StatusOr<TrainReport> TrainAlone(const TrainConfig& c, int world,
           }
         }
         absl::StatusOr<bool> skip =
-            job.UnscaleAndCheck(step, SpansOf(grads), nullptr, report);
+            job.UnscaleAndCheck(step, [&] { return SpansOf(grads); }, nullptr,
+                                report);
         if (!skip.ok()) return skip.status();
         if (*skip) return loss;
         absl::Status stepped = job.StepReplica(
@@ -555,10 +558,16 @@ absl::StatusOr<TrainReport> TrainDdp(const TrainConfig& c,
           }
           if (absl::Status s = r.Finish(); !s.ok()) return s;
         }
-        std::vector<absl::Span<float>> reduced;
-        for (int i = 0; i < r.num_params(); ++i) reduced.push_back(r.grad(i));
-        absl::StatusOr<bool> skip =
-            job.UnscaleAndCheck(step, reduced, group.get(), report);
+        absl::StatusOr<bool> skip = job.UnscaleAndCheck(
+            step,
+            [&] {
+              std::vector<absl::Span<float>> reduced;
+              for (int i = 0; i < r.num_params(); ++i) {
+                reduced.push_back(r.grad(i));
+              }
+              return reduced;
+            },
+            group.get(), report);
         if (!skip.ok()) return skip.status();
         if (*skip) return loss;
         absl::Status stepped = job.StepReplica(
@@ -655,10 +664,16 @@ absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
         }
         // Each rank sees only its gradient shards: the found-inf flag is
         // all_reduced, so every rank skips the same steps.
-        std::vector<absl::Span<float>> shards;
-        for (int u = 0; u < layers; ++u) shards.push_back(fsdp.grad_shard(u));
-        absl::StatusOr<bool> skip =
-            job.UnscaleAndCheck(step, shards, group.get(), report);
+        absl::StatusOr<bool> skip = job.UnscaleAndCheck(
+            step,
+            [&] {
+              std::vector<absl::Span<float>> shards;
+              for (int u = 0; u < layers; ++u) {
+                shards.push_back(fsdp.grad_shard(u));
+              }
+              return shards;
+            },
+            group.get(), report);
         if (!skip.ok()) return skip.status();
         if (*skip) return loss;
         if (absl::Status s = fsdp.Step(*job.optimizer); !s.ok()) return s;
