@@ -83,7 +83,9 @@ TEST(MixedPrecisionTest, RoundingErrorIsWithinUnitRoundoffPlusSubnormalSpacing) 
     }
     // The bound is attained to within a factor of 2 somewhere: it is the
     // precision's, not a looser one.
-    if (p != Precision::kF32) EXPECT_GT(worst, 0.5) << PrecisionName(p);
+    if (p != Precision::kF32) {
+      EXPECT_GT(worst, 0.5) << PrecisionName(p);
+    }
   }
 }
 
