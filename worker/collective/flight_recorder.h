@@ -1,0 +1,86 @@
+// FlightRecorder: the last `capacity` ops of one process group, kept in a
+// fixed ring so that a hang or a failure can be explained after the fact
+// (cohortctl diagnose lines the ranks' rings up by sequence number). The
+// op engine records every collective as it is queued, started and ended;
+// point-to-point ops are recorded too, with their peer.
+//
+// Cost: one mutex acquisition and a few stores per event, no allocation
+// after construction (an error message is kept only for failed ops), so
+// it can stay on for every op (bench/collectives_bench measures it).
+//
+// seq is the op's position in the group's issue order: collectives are
+// issued in the same order on every rank, so equal seqs on two ranks are
+// the same collective (point-to-point ops count in the same sequence, but
+// need not line up).
+#ifndef COHORT_WORKER_COLLECTIVE_FLIGHT_RECORDER_H_
+#define COHORT_WORKER_COLLECTIVE_FLIGHT_RECORDER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/collective/collective_op.h"
+
+namespace cohort {
+
+enum class FlightState : uint8_t { kQueued, kRunning, kDone, kFailed };
+absl::string_view FlightStateName(FlightState state);
+
+struct FlightRecord {
+  uint64_t seq = 0;
+  // "AllReduce", "Send", ...: the op's kind alone (no arguments).
+  absl::string_view op;
+  Dtype dtype = Dtype::kF32;
+  ReduceOp reduce = ReduceOp::kSum;
+  bool is_reduction = false;
+  uint64_t count = 0;  // Elements this rank passes (the input's).
+  int root = -1;       // Broadcast, Reduce, Gather, Scatter; Send/Recv peer.
+  // Microseconds since the Unix epoch; 0 until the event happens.
+  int64_t enqueued_us = 0;
+  int64_t started_us = 0;
+  int64_t ended_us = 0;
+  FlightState state = FlightState::kQueued;
+  std::string error;  // Failed ops only.
+};
+
+class FlightRecorder {
+ public:
+  static constexpr size_t kDefaultCapacity = 2000;
+
+  // REQUIRES: capacity >= 1.
+  explicit FlightRecorder(size_t capacity = kDefaultCapacity);
+
+  FlightRecorder(const FlightRecorder&) = delete;
+  FlightRecorder& operator=(const FlightRecorder&) = delete;
+
+  // Records an op as queued now and returns its seq, which the other two
+  // calls take. An op whose slot was reused since (more than capacity ops
+  // later) is no longer updated.
+  uint64_t Queued(const CollectiveOp& op);
+  uint64_t Queued(const PointToPointOp& op);
+  void Started(uint64_t seq);
+  void Ended(uint64_t seq, const absl::Status& status);
+
+  // The ops still in the ring, oldest first.
+  std::vector<FlightRecord> Snapshot() const;
+  // Ops recorded so far, including those the ring has dropped.
+  uint64_t recorded() const;
+  size_t capacity() const { return ring_.size(); }
+
+ private:
+  FlightRecord* SlotFor(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t Push(FlightRecord record);
+
+  mutable absl::Mutex mu_;
+  std::vector<FlightRecord> ring_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace cohort
+
+#endif  // COHORT_WORKER_COLLECTIVE_FLIGHT_RECORDER_H_
