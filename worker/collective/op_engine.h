@@ -43,6 +43,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "worker/collective/collective_op.h"
+#include "worker/collective/flight_recorder.h"
 #include "worker/collective/op_checks.h"
 #include "worker/collective/process_group.h"
 
@@ -142,11 +143,14 @@ class OpEngine {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // Every op issued, as queued, started and ended (flight_recorder.h).
+  const FlightRecorder& flight_recorder() const { return recorder_; }
   absl::Duration timeout() const { return options_.group.timeout; }
 
  private:
   struct QueuedOp {
     std::string name;  // CollectiveOp::Name(), computed when issued.
+    uint64_t seq;      // In the flight recorder.
     uint32_t tag;
     CollectiveOp op;
     Body body;
@@ -156,6 +160,7 @@ class OpEngine {
 
   struct PostedTransfer {
     std::string name;
+    uint64_t seq;
     std::unique_ptr<Transfer> transfer;
     std::shared_ptr<Work> work;
   };
@@ -177,13 +182,15 @@ class OpEngine {
   absl::Status Where(absl::string_view name, const absl::Status& status) const;
   // Completes `work` with `status`; a failure that is not about arguments
   // breaks the group.
-  void Finish(const std::shared_ptr<Work>& work, absl::Status status);
+  void Finish(const std::shared_ptr<Work>& work, uint64_t seq,
+              absl::Status status);
   absl::Status BrokenStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int rank_;
   const int size_;
   const OpEngineOptions options_;
   Transport* const transport_;
+  FlightRecorder recorder_;
 
   mutable absl::Mutex mu_;
   uint32_t next_tag_ ABSL_GUARDED_BY(mu_) = 0;
