@@ -61,13 +61,14 @@ FlightRecorder::FlightRecorder(size_t capacity) {
   ring_.resize(capacity);
 }
 
-uint64_t FlightRecorder::Push(FlightRecord record) {
+uint64_t FlightRecorder::Push(FlightRecord record, bool point_to_point) {
   record.enqueued_us = NowMicros();
   absl::MutexLock lock(&mu_);
-  const uint64_t seq = next_seq_++;
-  record.seq = seq;
-  ring_[seq % ring_.size()] = std::move(record);
-  return seq;
+  const uint64_t index = next_index_++;
+  record.index = index;
+  record.seq = point_to_point ? next_p2p_++ : next_collective_++;
+  ring_[index % ring_.size()] = std::move(record);
+  return index;
 }
 
 uint64_t FlightRecorder::Queued(const CollectiveOp& op) {
@@ -78,7 +79,7 @@ uint64_t FlightRecorder::Queued(const CollectiveOp& op) {
   r.is_reduction = op.is_reduction();
   r.count = op.input.count;
   r.root = HasRoot(op.kind) ? op.root : -1;
-  return Push(std::move(r));
+  return Push(std::move(r), /*point_to_point=*/false);
 }
 
 uint64_t FlightRecorder::Queued(const PointToPointOp& op) {
@@ -87,27 +88,27 @@ uint64_t FlightRecorder::Queued(const PointToPointOp& op) {
   r.dtype = op.buffer.dtype;
   r.count = op.buffer.count;
   r.root = op.peer;
-  return Push(std::move(r));
+  return Push(std::move(r), /*point_to_point=*/true);
 }
 
-FlightRecord* FlightRecorder::SlotFor(uint64_t seq) {
-  FlightRecord& slot = ring_[seq % ring_.size()];
-  return slot.seq == seq ? &slot : nullptr;
+FlightRecord* FlightRecorder::SlotFor(uint64_t index) {
+  FlightRecord& slot = ring_[index % ring_.size()];
+  return slot.index == index ? &slot : nullptr;
 }
 
-void FlightRecorder::Started(uint64_t seq) {
+void FlightRecorder::Started(uint64_t index) {
   const int64_t now = NowMicros();
   absl::MutexLock lock(&mu_);
-  if (FlightRecord* r = SlotFor(seq); r != nullptr) {
+  if (FlightRecord* r = SlotFor(index); r != nullptr) {
     r->started_us = now;
     r->state = FlightState::kRunning;
   }
 }
 
-void FlightRecorder::Ended(uint64_t seq, const absl::Status& status) {
+void FlightRecorder::Ended(uint64_t index, const absl::Status& status) {
   const int64_t now = NowMicros();
   absl::MutexLock lock(&mu_);
-  FlightRecord* r = SlotFor(seq);
+  FlightRecord* r = SlotFor(index);
   if (r == nullptr) return;
   if (r->started_us == 0) r->started_us = now;  // Failed before it ran.
   r->ended_us = now;
@@ -119,17 +120,17 @@ std::vector<FlightRecord> FlightRecorder::Snapshot() const {
   absl::MutexLock lock(&mu_);
   std::vector<FlightRecord> out;
   const uint64_t first =
-      next_seq_ > ring_.size() ? next_seq_ - ring_.size() : 0;
-  out.reserve(next_seq_ - first);
-  for (uint64_t seq = first; seq < next_seq_; ++seq) {
-    out.push_back(ring_[seq % ring_.size()]);
+      next_index_ > ring_.size() ? next_index_ - ring_.size() : 0;
+  out.reserve(next_index_ - first);
+  for (uint64_t i = first; i < next_index_; ++i) {
+    out.push_back(ring_[i % ring_.size()]);
   }
   return out;
 }
 
 uint64_t FlightRecorder::recorded() const {
   absl::MutexLock lock(&mu_);
-  return next_seq_;
+  return next_index_;
 }
 
 }  // namespace cohort

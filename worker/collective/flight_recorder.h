@@ -8,10 +8,10 @@
 // after construction (an error message is kept only for failed ops), so
 // it can stay on for every op (bench/collectives_bench measures it).
 //
-// seq is the op's position in the group's issue order: collectives are
-// issued in the same order on every rank, so equal seqs on two ranks are
-// the same collective (point-to-point ops count in the same sequence, but
-// need not line up).
+// seq is a collective's position among the group's collectives, in issue
+// order: collectives are issued in the same order on every rank, so equal
+// seqs on two ranks are the same collective. Point-to-point ops count in a
+// sequence of their own (Send and Recv need not line up across ranks).
 #ifndef COHORT_WORKER_COLLECTIVE_FLIGHT_RECORDER_H_
 #define COHORT_WORKER_COLLECTIVE_FLIGHT_RECORDER_H_
 
@@ -32,7 +32,8 @@ enum class FlightState : uint8_t { kQueued, kRunning, kDone, kFailed };
 absl::string_view FlightStateName(FlightState state);
 
 struct FlightRecord {
-  uint64_t seq = 0;
+  uint64_t index = 0;  // Position among every op recorded (the handle).
+  uint64_t seq = 0;    // Among collectives, or among Send/Recv.
   // "AllReduce", "Send", ...: the op's kind alone (no arguments).
   absl::string_view op;
   Dtype dtype = Dtype::kF32;
@@ -58,13 +59,13 @@ class FlightRecorder {
   FlightRecorder(const FlightRecorder&) = delete;
   FlightRecorder& operator=(const FlightRecorder&) = delete;
 
-  // Records an op as queued now and returns its seq, which the other two
+  // Records an op as queued now and returns its index, which the other two
   // calls take. An op whose slot was reused since (more than capacity ops
   // later) is no longer updated.
   uint64_t Queued(const CollectiveOp& op);
   uint64_t Queued(const PointToPointOp& op);
-  void Started(uint64_t seq);
-  void Ended(uint64_t seq, const absl::Status& status);
+  void Started(uint64_t index);
+  void Ended(uint64_t index, const absl::Status& status);
 
   // The ops still in the ring, oldest first.
   std::vector<FlightRecord> Snapshot() const;
@@ -73,12 +74,14 @@ class FlightRecorder {
   size_t capacity() const { return ring_.size(); }
 
  private:
-  FlightRecord* SlotFor(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t Push(FlightRecord record);
+  FlightRecord* SlotFor(uint64_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t Push(FlightRecord record, bool point_to_point);
 
   mutable absl::Mutex mu_;
   std::vector<FlightRecord> ring_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_index_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_collective_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_p2p_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace cohort

@@ -52,7 +52,8 @@ TEST(FlightRecorderTest, KeepsAFailuresMessageAndTheRootOrPeer) {
   EXPECT_GT(records[0].started_us, 0);  // Ended without starting.
   EXPECT_EQ(records[1].op, "Send");
   EXPECT_EQ(records[1].root, 3);
-  EXPECT_EQ(records[1].seq, 1u);
+  EXPECT_EQ(records[1].index, 1u);
+  EXPECT_EQ(records[1].seq, 0u);  // The first Send/Recv.
 }
 
 TEST(FlightRecorderTest, TheRingKeepsTheLastOpsAndIgnoresReusedSlots) {
@@ -68,8 +69,8 @@ TEST(FlightRecorderTest, TheRingKeepsTheLastOpsAndIgnoresReusedSlots) {
   recorder.Ended(seqs[0], absl::InternalError("late"));
   const std::vector<FlightRecord> records = recorder.Snapshot();
   ASSERT_EQ(records.size(), 3u);
-  EXPECT_EQ(records[0].seq, 2u);
-  EXPECT_EQ(records[1].seq, 3u);
+  EXPECT_EQ(records[0].index, 2u);
+  EXPECT_EQ(records[1].index, 3u);
   EXPECT_EQ(records[2].seq, 4u);
   EXPECT_EQ(records[1].state, FlightState::kQueued);
 }

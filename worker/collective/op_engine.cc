@@ -90,9 +90,9 @@ std::shared_ptr<Work> OpEngine::Submit(CollectiveOp op, Body body,
   absl::MutexLock lock(&mu_);
   // Recorded under the lock, so that the recorder's seqs follow the queue's
   // order, which is the same on every rank.
-  const uint64_t seq = recorder_.Queued(op);
+  const uint64_t flight = recorder_.Queued(op);
   // Each op takes two tags: one for its body, one for CheckSameOpEverywhere.
-  ops_.push_back(QueuedOp{std::move(name), seq, next_tag_, std::move(op),
+  ops_.push_back(QueuedOp{std::move(name), flight, next_tag_, std::move(op),
                           std::move(body), checks_itself, work});
   next_tag_ += 2;
   return work;
@@ -108,16 +108,16 @@ std::shared_ptr<Work> OpEngine::Post(const PointToPointOp& op) {
   }
   auto work = std::make_shared<Work>();
   std::string name = op.Name();
-  const uint64_t seq = recorder_.Queued(op);
-  recorder_.Started(seq);  // Posted now, not queued behind anything.
+  const uint64_t flight = recorder_.Queued(op);
+  recorder_.Started(flight);  // Posted now, not queued behind anything.
   absl::StatusOr<std::unique_ptr<Transfer>> transfer = transport_->Post(op);
   if (!transfer.ok()) {
-    Finish(work, seq, Where(name, transfer.status()));
+    Finish(work, flight, Where(name, transfer.status()));
     return work;
   }
   absl::MutexLock lock(&mu_);
   transfers_.push_back(
-      PostedTransfer{std::move(name), seq, std::move(*transfer), work});
+      PostedTransfer{std::move(name), flight, std::move(*transfer), work});
   return work;
 }
 
@@ -137,12 +137,12 @@ void OpEngine::RunOps() {
       broken = BrokenStatus();
     }
     if (!broken.ok()) {
-      recorder_.Ended(op.seq, broken);
+      recorder_.Ended(op.flight, broken);
       op.work->Complete(broken);
       continue;
     }
-    recorder_.Started(op.seq);
-    Finish(op.work, op.seq, Where(op.name, RunOp(op)));
+    recorder_.Started(op.flight);
+    Finish(op.work, op.flight, Where(op.name, RunOp(op)));
   }
 }
 
@@ -243,7 +243,7 @@ void OpEngine::RunTransfers() {
     // Unregister the caller's memory before telling the caller it may
     // reuse it: a late message must find no buffer to write into.
     transfer.transfer.reset();
-    Finish(transfer.work, transfer.seq, Where(transfer.name, status));
+    Finish(transfer.work, transfer.flight, Where(transfer.name, status));
   }
 }
 
@@ -255,9 +255,9 @@ absl::Status OpEngine::Where(absl::string_view name,
                                   status.message()));
 }
 
-void OpEngine::Finish(const std::shared_ptr<Work>& work, uint64_t seq,
+void OpEngine::Finish(const std::shared_ptr<Work>& work, uint64_t flight,
                       absl::Status status) {
-  recorder_.Ended(seq, status);
+  recorder_.Ended(flight, status);
   if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) {
     absl::MutexLock lock(&mu_);
     if (broken_.ok()) broken_ = status;

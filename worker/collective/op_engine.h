@@ -150,7 +150,7 @@ class OpEngine {
  private:
   struct QueuedOp {
     std::string name;  // CollectiveOp::Name(), computed when issued.
-    uint64_t seq;      // In the flight recorder.
+    uint64_t flight;   // Its index in the flight recorder.
     uint32_t tag;
     CollectiveOp op;
     Body body;
@@ -160,7 +160,7 @@ class OpEngine {
 
   struct PostedTransfer {
     std::string name;
-    uint64_t seq;
+    uint64_t flight;
     std::unique_ptr<Transfer> transfer;
     std::shared_ptr<Work> work;
   };
@@ -182,7 +182,7 @@ class OpEngine {
   absl::Status Where(absl::string_view name, const absl::Status& status) const;
   // Completes `work` with `status`; a failure that is not about arguments
   // breaks the group.
-  void Finish(const std::shared_ptr<Work>& work, uint64_t seq,
+  void Finish(const std::shared_ptr<Work>& work, uint64_t flight,
               absl::Status status);
   absl::Status BrokenStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
