@@ -145,9 +145,15 @@ class DeviceMemory {
   virtual absl::Status Update(const ElementwiseUpdate& update) = 0;
 };
 
+class FlightRecorder;  // flight_recorder.h
+
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
+
+  // The group's last ops (flight_recorder.h), or null for a group that
+  // keeps none. Valid as long as the group.
+  virtual const FlightRecorder* flight_recorder() const { return nullptr; }
 
   // Null when the group's buffers are host memory (Gloo); else the memory
   // every BufferView passed to its ops must point into (NCCL: the GPU's).
