@@ -225,6 +225,49 @@ TEST(OpEngineTest, AFailureNamesTheOpAndBreaksTheGroup) {
   EXPECT_EQ(recorder.calls(), 1u);
 }
 
+// The flight recorder sees every op: done, failed with the engine's
+// message, and refused after the group broke; collectives and Send/Recv
+// numbered apart.
+TEST(OpEngineTest, TheFlightRecorderSeesEveryOpAndItsEnd) {
+  FakeTransport transport(0, 2);
+  Recorder recorder;
+  OpEngine engine(0, 2, Options(), &transport);
+  float f[2] = {1, 2};
+  ASSERT_TRUE(engine.Submit(CollectiveOp::Broadcast(BufferView::Of(f, 2), 1),
+                            recorder.Body())
+                  ->Wait(kWait)
+                  .ok());
+  EXPECT_FALSE(
+      engine
+          .Submit(CollectiveOp::AllReduce(BufferView::Of(f, 2), ReduceOp::kAvg),
+                  recorder.Body(absl::UnavailableError("peer 1 is gone")))
+          ->Wait(kWait)
+          .ok());
+  EXPECT_FALSE(engine.Submit(CollectiveOp::Barrier(), recorder.Body())
+                   ->Wait(kWait)
+                   .ok());
+  engine.Post(PointToPointOp{true, BufferView::Of(f, 2), 1, 0});
+  const std::vector<FlightRecord> records =
+      engine.flight_recorder().Snapshot();
+  ASSERT_EQ(records.size(), 3u);  // The refused Send is never recorded.
+  EXPECT_EQ(records[0].op, "Broadcast");
+  EXPECT_EQ(records[0].root, 1);
+  EXPECT_EQ(records[0].state, FlightState::kDone);
+  EXPECT_EQ(records[1].op, "AllReduce");
+  EXPECT_EQ(records[1].seq, 1u);
+  EXPECT_EQ(records[1].reduce, ReduceOp::kAvg);
+  EXPECT_EQ(records[1].state, FlightState::kFailed);
+  EXPECT_THAT(records[1].error,
+              HasSubstr("AllReduce AVG of 2 f32 on rank 0 of 2: peer 1 is gone"));
+  EXPECT_EQ(records[2].op, "Barrier");
+  EXPECT_EQ(records[2].state, FlightState::kFailed);
+  EXPECT_THAT(records[2].error, HasSubstr("unusable after an earlier failure"));
+  for (const FlightRecord& r : records) {
+    EXPECT_LE(r.enqueued_us, r.started_us);
+    EXPECT_LE(r.started_us, r.ended_us);
+  }
+}
+
 TEST(OpEngineTest, RanksThatDisagreeGetInvalidArgument) {
   FakeTransport transport(0, 3);
   transport.odd_rank = 2;
