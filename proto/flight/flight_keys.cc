@@ -1,0 +1,102 @@
+#include "proto/flight/flight_keys.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace cohort::flight {
+
+std::string FlightPrefix(absl::string_view run) {
+  return absl::StrCat("runs/", run, "/flight/");
+}
+
+std::string FlightRequestKey(absl::string_view run) {
+  return absl::StrCat(FlightPrefix(run), "request");
+}
+
+std::string FlightDumpsPrefix(absl::string_view run) {
+  return absl::StrCat(FlightPrefix(run), "dumps/");
+}
+
+std::string FlightDumpKey(absl::string_view run, int64_t round,
+                          absl::string_view group, int rank) {
+  return absl::StrFormat("%s%012d/%s/%d", FlightDumpsPrefix(run), round, group,
+                         rank);
+}
+
+namespace {
+
+std::string ToJson(const cohort::v1::FlightDump& dump) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  // Every message here is ours and well formed: printing cannot fail.
+  (void)google::protobuf::util::MessageToJsonString(dump, &json, options);
+  return json;
+}
+
+}  // namespace
+
+std::string EncodeFlightDump(cohort::v1::FlightDump dump, size_t max_bytes) {
+  std::string json = ToJson(dump);
+  while (json.size() > max_bytes && dump.ops_size() > 0) {
+    // Drop in proportion to the excess (at least one op), newest kept.
+    const size_t excess = json.size() - max_bytes;
+    const size_t per_op = std::max<size_t>(1, json.size() / dump.ops_size());
+    const int drop =
+        std::min<int>(dump.ops_size(), static_cast<int>(excess / per_op) + 1);
+    dump.mutable_ops()->DeleteSubrange(0, drop);
+    json = ToJson(dump);
+  }
+  return json;
+}
+
+absl::StatusOr<cohort::v1::FlightDump> DecodeFlightDump(
+    absl::string_view key, absl::string_view value) {
+  cohort::v1::FlightDump dump;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  const auto status = google::protobuf::util::JsonStringToMessage(
+      std::string(value), &dump, options);
+  if (!status.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("flight dump at '", key,
+                     "' is not a FlightDump in JSON: ", status.ToString()));
+  }
+  return dump;
+}
+
+std::vector<GroupDiagnosis> DiagnoseRun(
+    const std::vector<cohort::v1::FlightDump>& dumps,
+    const std::map<std::string, Liveness>& by_node,
+    const DiagnoseOptions& options) {
+  std::vector<GroupDiagnosis> out;
+  if (dumps.empty()) return out;
+  int64_t round = dumps.front().round();
+  for (const auto& d : dumps) round = std::max(round, d.round());
+  std::map<std::string, std::vector<cohort::v1::FlightDump>> groups;
+  for (const auto& d : dumps) {
+    if (d.round() == round) groups[d.group()].push_back(d);
+  }
+  for (auto& [group, members] : groups) {
+    std::map<int, Liveness> liveness;
+    GroupDiagnosis g;
+    g.round = round;
+    g.group = group;
+    g.ranks_dumped = static_cast<int>(members.size());
+    g.oldest_request = members.front().request();
+    for (const auto& d : members) {
+      g.oldest_request = std::min(g.oldest_request, d.request());
+      auto it = by_node.find(d.node());
+      if (it != by_node.end()) liveness[d.rank()] = it->second;
+    }
+    g.diagnosis = Diagnose(members, liveness, options);
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+}  // namespace cohort::flight

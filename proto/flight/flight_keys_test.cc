@@ -1,0 +1,91 @@
+#include "proto/flight/flight_keys.h"
+
+#include "gtest/gtest.h"
+
+namespace cohort::flight {
+namespace {
+
+cohort::v1::FlightDump DumpWithOps(int rank, int ops, int64_t round = 3) {
+  cohort::v1::FlightDump dump;
+  dump.set_rank(rank);
+  dump.set_world_size(2);
+  dump.set_group("0");
+  dump.set_round(round);
+  dump.set_node(rank == 0 ? "node-a" : "node-b");
+  dump.set_recorded(ops);
+  for (int i = 0; i < ops; ++i) {
+    auto* op = dump.add_ops();
+    op->set_seq(i);
+    op->set_op("AllReduce");
+    op->set_dtype("f32");
+    op->set_count(1024);
+    op->set_state("done");
+    op->set_enqueued_us(1000 + i);
+    op->set_started_us(1000 + i);
+    op->set_ended_us(1001 + i);
+  }
+  return dump;
+}
+
+TEST(FlightKeysTest, KeysSitUnderTheRunsPrefixWithRoundsInOrder) {
+  EXPECT_EQ(FlightRequestKey("job"), "runs/job/flight/request");
+  EXPECT_EQ(FlightDumpKey("job", 7, "0", 3),
+            "runs/job/flight/dumps/000000000007/0/3");
+  EXPECT_LT(FlightDumpKey("job", 9, "0", 0), FlightDumpKey("job", 10, "0", 0));
+}
+
+TEST(FlightKeysTest, EncodeDecodeRoundTrips) {
+  const auto dump = DumpWithOps(1, 5);
+  const std::string json = EncodeFlightDump(dump);
+  auto back = DecodeFlightDump("k", json);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->SerializeAsString(), dump.SerializeAsString());
+}
+
+TEST(FlightKeysTest, AnOversizedDumpKeepsItsNewestOps) {
+  const auto dump = DumpWithOps(0, 2000);
+  const std::string json = EncodeFlightDump(dump, 16 * 1024);
+  EXPECT_LE(json.size(), 16u * 1024);
+  auto back = DecodeFlightDump("k", json);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_GT(back->ops_size(), 10);
+  ASSERT_LT(back->ops_size(), 2000);
+  EXPECT_EQ(back->ops(back->ops_size() - 1).seq(), 1999u);
+  EXPECT_EQ(back->recorded(), 2000u);
+}
+
+TEST(FlightKeysTest, GarbageIsDataLossNamingTheKey) {
+  auto bad = DecodeFlightDump("runs/j/flight/dumps/x", "{not json");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("runs/j/flight/dumps/x"),
+            std::string::npos);
+}
+
+TEST(FlightKeysTest, DiagnoseRunReadsTheNewestRoundAndNodeLiveness) {
+  // Round 2: both ranks fine. Round 3: rank 1 is one op behind, and its
+  // node is dead in membership.
+  std::vector<cohort::v1::FlightDump> dumps = {DumpWithOps(0, 4, 2),
+                                               DumpWithOps(1, 4, 2)};
+  auto r0 = DumpWithOps(0, 5);
+  r0.mutable_ops(4)->set_state("running");
+  r0.mutable_ops(4)->set_ended_us(0);
+  dumps.push_back(r0);
+  dumps.push_back(DumpWithOps(1, 4));
+  std::map<std::string, Liveness> by_node;
+  by_node["node-b"].alive = false;
+  const auto groups = DiagnoseRun(dumps, by_node);
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_EQ(groups[0].round, 3);
+  EXPECT_EQ(groups[0].ranks_dumped, 2);
+  bool dead = false;
+  for (const auto& f : groups[0].diagnosis.findings) {
+    if (f.kind == Finding::Kind::kDead) {
+      dead = true;
+      EXPECT_EQ(f.ranks, std::vector<int>{1});
+    }
+  }
+  EXPECT_TRUE(dead) << groups[0].diagnosis.Text();
+}
+
+}  // namespace
+}  // namespace cohort::flight
