@@ -144,7 +144,10 @@ class OpEngine {
   int rank() const { return rank_; }
   int size() const { return size_; }
   // Every op issued, as queued, started and ended (flight_recorder.h).
-  const FlightRecorder& flight_recorder() const { return recorder_; }
+  // Shared, so that a reader (the dumper) may outlive the engine.
+  std::shared_ptr<const FlightRecorder> flight_recorder() const {
+    return recorder_;
+  }
   absl::Duration timeout() const { return options_.group.timeout; }
 
  private:
@@ -190,7 +193,7 @@ class OpEngine {
   const int size_;
   const OpEngineOptions options_;
   Transport* const transport_;
-  FlightRecorder recorder_;
+  const std::shared_ptr<FlightRecorder> recorder_;
 
   mutable absl::Mutex mu_;
   uint32_t next_tag_ ABSL_GUARDED_BY(mu_) = 0;

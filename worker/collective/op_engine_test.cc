@@ -248,7 +248,7 @@ TEST(OpEngineTest, TheFlightRecorderSeesEveryOpAndItsEnd) {
                    .ok());
   engine.Post(PointToPointOp{true, BufferView::Of(f, 2), 1, 0});
   const std::vector<FlightRecord> records =
-      engine.flight_recorder().Snapshot();
+      engine.flight_recorder()->Snapshot();
   ASSERT_EQ(records.size(), 3u);  // The refused Send is never recorded.
   EXPECT_EQ(records[0].op, "Broadcast");
   EXPECT_EQ(records[0].root, 1);

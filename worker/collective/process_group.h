@@ -115,6 +115,10 @@ struct ProcessGroupOptions {
   // all-gather (a round trip) per collective; turn off for speed once a
   // program is known to issue consistent ops.
   bool verify_ops = true;
+  // Called, on the thread that ran it, with the status of each op that
+  // fails (after the flight recorder has recorded the failure): the flight
+  // dumper's trigger (init/flight_dumper.h). It must not block.
+  std::function<void(const absl::Status&)> on_op_failure;
 };
 
 // The memory of a backend whose buffers the CPU cannot touch (NCCL's: GPU
@@ -152,8 +156,10 @@ class ProcessGroup {
   virtual ~ProcessGroup() = default;
 
   // The group's last ops (flight_recorder.h), or null for a group that
-  // keeps none. Valid as long as the group.
-  virtual const FlightRecorder* flight_recorder() const { return nullptr; }
+  // keeps none. Shared: readers may keep it after the group is gone.
+  virtual std::shared_ptr<const FlightRecorder> flight_recorder() const {
+    return nullptr;
+  }
 
   // Null when the group's buffers are host memory (Gloo); else the memory
   // every BufferView passed to its ops must point into (NCCL: the GPU's).

@@ -112,8 +112,8 @@ class GlooProcessGroup final : public ProcessGroup {
   absl::StatusOr<std::unique_ptr<GlooProcessGroup>> Split(int color, int key);
 
   int rank() const override { return rank_; }
-  const FlightRecorder* flight_recorder() const override {
-    return &engine_.flight_recorder();
+  std::shared_ptr<const FlightRecorder> flight_recorder() const override {
+    return engine_.flight_recorder();
   }
   int size() const override { return size_; }
 

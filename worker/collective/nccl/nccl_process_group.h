@@ -120,8 +120,8 @@ class NcclProcessGroup final : public ProcessGroup {
   absl::StatusOr<std::unique_ptr<NcclProcessGroup>> Split(int color, int key);
 
   int rank() const override { return rank_; }
-  const FlightRecorder* flight_recorder() const override {
-    return &engine_.flight_recorder();
+  std::shared_ptr<const FlightRecorder> flight_recorder() const override {
+    return engine_.flight_recorder();
   }
   int size() const override { return size_; }
   // The CUDA device every buffer of this group lives on.

@@ -1,0 +1,69 @@
+// The store's side of flight dumps (proto/flight/flight_keys.h has the
+// keys): a rank publishes its groups' recent ops, `cohortctl dump` asks
+// every rank of a run to publish, and `cohortctl diagnose` reads what they
+// published. The recorders and the dumper are the worker's
+// (worker/collective/flight_recorder.h, init/flight_dumper.h).
+#ifndef COHORT_CLIENT_FLIGHT_CATALOG_H_
+#define COHORT_CLIENT_FLIGHT_CATALOG_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/store.h"
+#include "cohort/v1/flight.pb.h"
+
+namespace cohort {
+
+class FlightCatalog {
+ public:
+  // `store` must outlive the catalog; keys are under runs/<run>/flight/.
+  FlightCatalog(Store* store, std::string run);
+
+  const std::string& run() const { return run_; }
+
+  // Asks every rank of the run to dump: adds 1 to the request counter and
+  // returns the request's number.
+  absl::StatusOr<int64_t> Request();
+  // The last request's number; 0 when there was none.
+  absl::StatusOr<int64_t> CurrentRequest();
+  // Calls `on_request(number)` on the watch's thread for each later
+  // request. Returns once the watch is registered.
+  absl::StatusOr<std::unique_ptr<WatchHandle>> WatchRequests(
+      std::function<void(int64_t)> on_request);
+
+  // Stores `dump` at its key (run, round, group, rank), cut to
+  // flight::kMaxDumpBytes. dump.run() must be this catalog's run.
+  absl::Status Publish(const v1::FlightDump& dump);
+
+  struct Listing {
+    std::vector<v1::FlightDump> dumps;    // In key order.
+    std::vector<std::string> unreadable;  // "key: why" for values that
+                                          // are not dumps.
+  };
+  absl::StatusOr<Listing> List();
+
+  // Polls List until every rank 0..world_size-1 of every group of the
+  // newest round has answered request `request` (FlightDump.request >=
+  // it), or `timeout` passes; returns the listing either way. The ranks
+  // that did not answer are in `missing` (by group: "0: ranks 2,3").
+  struct Answers {
+    Listing listing;
+    std::vector<std::string> missing;
+  };
+  absl::StatusOr<Answers> WaitForAnswers(int64_t request,
+                                         absl::Duration timeout);
+
+ private:
+  Store* const store_;
+  const std::string run_;
+};
+
+}  // namespace cohort
+
+#endif  // COHORT_CLIENT_FLIGHT_CATALOG_H_
