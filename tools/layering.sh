@@ -75,6 +75,12 @@ for backend in //worker/collective/gloo/... //worker/collective/nccl/...; do
 done
 no_path //worker/collective/gloo/... //worker/collective/nccl/...
 no_path //worker/collective/nccl/... //worker/collective/gloo/...
+# worker/collective/trace (timelines) reads flight recorders: it reaches no
+# backend, not the factory and not client/ (cohortctl parses its files).
+for room in //worker/collective/gloo/... //worker/collective/nccl/... \
+  //worker/collective/init/... //client/...; do
+  no_path //worker/collective/trace/... "$room"
+done
 
 # worker/checkpoint sits on parallel/ (the training state) and the client's
 # catalog: nothing under it reaches it but the trainer, and it reaches no
