@@ -7,6 +7,9 @@
 // param_checksum= (the sum of all final parameters: equal, up to rounding,
 // for every mode and world size at the same --seed and --global_batch),
 // steps/s, the bytes each rank communicated and the bytes it held.
+//
+// With COHORT_TRACE=DIR each rank writes DIR/trace-rank<R>.json, a timeline
+// of its compute spans and its ops (docs/debugging.md; cohortctl trace).
 #include <signal.h>
 #include <unistd.h>
 
@@ -31,6 +34,7 @@
 #include "client/remote_store.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/collective/init/init.h"
+#include "worker/collective/trace/timeline.h"
 #include "worker/parallel/examples/mlp.h"
 #include "worker/parallel/examples/trainer.h"
 
@@ -251,6 +255,18 @@ absl::Status Run() {
   const int rank = group != nullptr ? group->rank() : 0;
   const int world = group != nullptr ? group->size() : 1;
   const bool lead = rank == 0;
+  // Written once more when it goes, on every return from here.
+  absl::StatusOr<std::unique_ptr<cohort::Timeline>> timeline =
+      cohort::Timeline::FromEnvironment(rank, world, "trainer");
+  if (!timeline.ok()) return timeline.status();
+  if (*timeline != nullptr) {
+    if (group != nullptr) {
+      (*timeline)->AddGroup("world", group->flight_recorder(), world);
+    }
+    config.timeline = timeline->get();
+    std::fprintf(stderr, "train: rank %d: writing a timeline to %s\n", rank,
+                 (*timeline)->path().c_str());
+  }
   if (lead) {
     std::printf(
         "mode=%s world=%d global_batch=%d steps=%d seed=%llu precision=%s\n",

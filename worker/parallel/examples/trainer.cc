@@ -189,6 +189,8 @@ struct Loop {
     const absl::Time start = absl::Now();
     absl::Time after_first = start;
     for (int s = first; s <= config.steps; ++s) {
+      const int64_t step_start =
+          config.timeline != nullptr ? Timeline::NowMicros() : 0;
       absl::StatusOr<float> loss = step(s);
       if (!loss.ok()) {
         return absl::Status(
@@ -218,6 +220,9 @@ struct Loop {
         report.checkpoint_stall_seconds +=
             absl::ToDoubleSeconds(absl::Now() - before);
         ++report.checkpoints_saved;
+      }
+      if (config.timeline != nullptr) {
+        config.timeline->AddStep(s, step_start, Timeline::NowMicros());
       }
       if (s == first) after_first = absl::Now();
     }
@@ -372,17 +377,24 @@ struct Job {
       const std::function<Mlp::LayerParams(int)>& params,
       const std::function<absl::Status(int)>& before = nullptr,
       const std::function<absl::Status(int)>& after = nullptr) {
+    Timeline* const timeline = config.timeline;
+    std::optional<ComputeSpan> data_span(std::in_place, timeline, "data", step);
     auto [x, y] = batches.Next(micro);
     mlp.Begin(x);
+    data_span.reset();
     for (int l = 0; l < mlp.num_layers(); ++l) {
       if (before) {
         if (absl::Status s = before(l); !s.ok()) return s;
       }
-      mlp.Forward(l, params(l));
+      {
+        ComputeSpan span(timeline, "forward", step, l);
+        mlp.Forward(l, params(l));
+      }
       if (after) {
         if (absl::Status s = after(l); !s.ok()) return s;
       }
     }
+    ComputeSpan span(timeline, "loss", step);
     return mlp.Loss(y, loss_scale() / config.grad_accum) / config.grad_accum;
   }
 
@@ -390,6 +402,7 @@ struct Job {
   absl::Status StepReplica(
       std::vector<std::vector<float>>& params,
       const std::function<absl::Span<const float>(int)>& grad) {
+    ComputeSpan span(config.timeline, "optimizer", step);
     for (size_t i = 0; i < params.size(); ++i) {
       const int slot = static_cast<int>(i);
       absl::Status stepped =
@@ -419,6 +432,7 @@ struct Job {
   std::unique_ptr<Optimizer> optimizer;
   std::optional<LossScaler> scaler;          // fp16 only.
   std::vector<std::vector<float>> rounded;  // ComputeParams' copies.
+  int step = 0;  // The step running, for the timeline's spans.
 };
 
 std::vector<absl::Span<float>> SpansOf(std::vector<std::vector<float>>& v) {
@@ -469,6 +483,7 @@ absl::StatusOr<TrainReport> TrainAlone(const TrainConfig& c, int world,
   };
   absl::Status status = loop.Run(
       [&](int step) -> absl::StatusOr<float> {
+        job.step = step;
         for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
         const std::vector<std::vector<float>>& compute =
             job.ComputeParams(params);
@@ -479,6 +494,7 @@ absl::StatusOr<TrainReport> TrainAlone(const TrainConfig& c, int world,
           if (!micro_loss.ok()) return micro_loss.status();
           loss += *micro_loss;
           for (int l = job.mlp.num_layers() - 1; l >= 0; --l) {
+            ComputeSpan span(c.timeline, "backward", step, l);
             job.mlp.Backward(l, LayerOf(compute, l),
                              {grads[2 * l].data(), grads[2 * l + 1].data()});
             job.FinishLayerGrads(step, l, absl::MakeSpan(grads[2 * l]),
@@ -534,6 +550,7 @@ absl::StatusOr<TrainReport> TrainDdp(const TrainConfig& c,
 
   absl::Status status = loop.Run(
       [&](int step) -> absl::StatusOr<float> {
+        job.step = step;
         r.ZeroGrad();
         const std::vector<std::vector<float>>& compute =
             job.ComputeParams(params);
@@ -550,9 +567,13 @@ absl::StatusOr<TrainReport> TrainDdp(const TrainConfig& c,
           // buckets of later layers are on the wire while earlier layers
           // still compute.
           for (int l = job.mlp.num_layers() - 1; l >= 0; --l) {
-            job.mlp.Backward(l, LayerOf(compute, l),
-                             {r.grad(2 * l).data(), r.grad(2 * l + 1).data()});
-            job.FinishLayerGrads(step, l, r.grad(2 * l), r.grad(2 * l + 1));
+            {
+              ComputeSpan span(c.timeline, "backward", step, l);
+              job.mlp.Backward(
+                  l, LayerOf(compute, l),
+                  {r.grad(2 * l).data(), r.grad(2 * l + 1).data()});
+              job.FinishLayerGrads(step, l, r.grad(2 * l), r.grad(2 * l + 1));
+            }
             if (absl::Status s = r.MarkReady(2 * l + 1); !s.ok()) return s;
             if (absl::Status s = r.MarkReady(2 * l); !s.ok()) return s;
           }
@@ -645,6 +666,7 @@ absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
   };
   absl::Status status = loop.Run(
       [&](int step) -> absl::StatusOr<float> {
+        job.step = step;
         fsdp.ZeroGrad();
         float loss = 0;
         for (int m = 0; m < c.grad_accum; ++m) {
@@ -655,9 +677,13 @@ absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
           loss += *micro_loss;
           for (int l = layers - 1; l >= 0; --l) {
             if (absl::Status s = fsdp.BeginBackward(l); !s.ok()) return s;
-            job.mlp.Backward(l, params_of(l),
-                             {fsdp.grad(l, 0).data(), fsdp.grad(l, 1).data()});
-            job.FinishLayerGrads(step, l, fsdp.grad(l, 0), fsdp.grad(l, 1));
+            {
+              ComputeSpan span(c.timeline, "backward", step, l);
+              job.mlp.Backward(
+                  l, params_of(l),
+                  {fsdp.grad(l, 0).data(), fsdp.grad(l, 1).data()});
+              job.FinishLayerGrads(step, l, fsdp.grad(l, 0), fsdp.grad(l, 1));
+            }
             if (absl::Status s = fsdp.EndBackward(l); !s.ok()) return s;
           }
           if (absl::Status s = fsdp.FinishBackward(); !s.ok()) return s;
@@ -676,6 +702,7 @@ absl::StatusOr<TrainReport> TrainFsdp(const TrainConfig& c,
             group.get(), report);
         if (!skip.ok()) return skip.status();
         if (*skip) return loss;
+        ComputeSpan span(c.timeline, "optimizer", step);
         if (absl::Status s = fsdp.Step(*job.optimizer); !s.ok()) return s;
         return loss;
       },

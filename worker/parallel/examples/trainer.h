@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/collective/process_group.h"
+#include "worker/collective/trace/timeline.h"
 #include "worker/parallel/loss_scaler.h"
 #include "worker/parallel/mixed_precision.h"
 
@@ -91,6 +92,13 @@ struct TrainConfig {
   int checkpoint_every = 0;
   bool checkpoint_async = true;
   const CheckpointReader* resume_from = nullptr;
+  // A timeline (worker/collective/trace/timeline.h) to add this rank's
+  // compute spans to: per step a "step" span (the whole iteration, loss
+  // report and checkpoint included) and inside it "data", per layer
+  // "forward" and "backward", "loss" and "optimizer", each around compute
+  // alone (never around a wait for a collective, so that a wait shows as a
+  // gap beside the comm span it waits for). Null: none, at no cost.
+  Timeline* timeline = nullptr;
 };
 
 struct TrainReport {

@@ -15,15 +15,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <initializer_list>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
+#include "absl/strings/str_split.h"
 #include "client/checkpoint_catalog.h"
 #include "client/file_store.h"
+#include "gtest/gtest.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/collective/testing/ranks.h"
 #include "worker/parallel/examples/data.h"
@@ -534,6 +538,51 @@ TEST(TrainerTest, LossGoesDownAndReportsAreFilled) {
   EXPECT_GT(report->param_bytes, 0u);
   EXPECT_EQ(report->param_bytes, report->grad_bytes);
   EXPECT_EQ(report->optimizer_bytes, report->param_bytes);  // Momentum.
+}
+
+// Counts the lines of `text` (one event a line, timeline.h) holding every
+// one of `parts`.
+int CountLines(const std::string& text,
+               std::initializer_list<absl::string_view> parts) {
+  int count = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    bool all = true;
+    for (absl::string_view part : parts)
+      all = all && absl::StrContains(line, part);
+    count += all;
+  }
+  return count;
+}
+
+TEST(TrainerTest, ATimelineGetsEachStepsComputeSpans) {
+  TrainConfig config = SmallConfig(TrainMode::kLocal, "sgd");
+  config.grad_accum = 2;
+  TimelineOptions options;
+  options.dir = TempPath("timeline");
+  auto timeline = Timeline::Open(options);
+  ASSERT_TRUE(timeline.ok()) << timeline.status();
+  config.timeline = timeline->get();
+  ASSERT_TRUE(Train(config, nullptr).ok());
+  const std::string path = (*timeline)->path();
+  timeline->reset();
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)),
+                         std::istreambuf_iterator<char>());
+  const int layers = static_cast<int>(config.dims.size()) - 1;
+  EXPECT_EQ(CountLines(text, {"\"cat\":\"step\""}), config.steps);
+  for (int s = 1; s <= config.steps; ++s) {
+    const std::string step = absl::StrCat("\"step\":", s, ",");
+    const std::string step_end = absl::StrCat("\"step\":", s, "}");
+    // Per micro-batch: data, forward and backward per layer, loss.
+    for (const char* name : {"\"forward\"", "\"backward\""}) {
+      EXPECT_EQ(CountLines(text, {name, step}), config.grad_accum * layers)
+          << name << " step " << s;
+    }
+    EXPECT_EQ(CountLines(text, {"\"data\"", step_end}), config.grad_accum);
+    EXPECT_EQ(CountLines(text, {"\"loss\"", step_end}), config.grad_accum);
+    EXPECT_EQ(CountLines(text, {"\"optimizer\"", step_end}), 1);
+  }
+  EXPECT_EQ(CountLines(text, {"\"cat\":\"comm\""}), 0);  // No group.
 }
 
 TEST(TrainerTest, RejectsInconsistentConfigs) {
