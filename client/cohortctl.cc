@@ -20,7 +20,9 @@
 #include "base/signals.h"
 #include "client/auth_client.h"
 #include "client/checkpoint_catalog.h"
+#include "client/flight_report.h"
 #include "client/info_client.h"
+#include "client/membership_client.h"
 #include "client/remote_store.h"
 #include "client/rendezvous_client.h"
 #include "proto/auth/roles.h"
@@ -48,6 +50,13 @@ ABSL_FLAG(int64_t, from_revision, 0,
 ABSL_FLAG(absl::Duration, ttl, absl::ZeroDuration(),
           "token issue: the token's lifetime (e.g. 24h); 0: cohortd's "
           "--max_token_ttl (30 days by default)");
+ABSL_FLAG(double, answer_timeout, 10,
+          "dump, diagnose: seconds to wait for every rank's flight dump");
+ABSL_FLAG(int64_t, round, -1,
+          "diagnose: the round to diagnose; -1: the newest with dumps");
+ABSL_FLAG(bool, request_dump, true,
+          "diagnose: ask the run's ranks for fresh dumps first (false: "
+          "diagnose the dumps already stored, e.g. after the job ended)");
 ABSL_FLAG(std::string, description, "",
           "token issue: who the token is for, shown by token list");
 
@@ -75,6 +84,15 @@ Commands:
   checkpoints RUN           print RUN's committed checkpoints, oldest first,
                             one a line: STEP WORLD_SIZE BYTES CREATED PATH,
                             "latest" after the one a resume loads
+  dump RUN [--answer_timeout=S]
+                            ask every rank of RUN to publish its process
+                            groups' recent ops (flight records) to cohortd;
+                            print who answered and who did not
+  diagnose RUN [--request_dump=false] [--round=R]
+                            dump (unless false), then say why RUN's newest
+                            round is stuck or slow: the rank a collective
+                            waits for, mismatched ops or arguments, failed
+                            ops, dead ranks and stragglers
   info                      print what cohortd is, a NAME VALUE a line:
                             version, engine, server_id, and its TCPStore
                             listener: tcpstore HOST:PORT to dial (or
@@ -335,13 +353,36 @@ int PrintCheckpoints(cohort::RemoteStore& store, const std::string& run) {
   }
   for (const cohort::v1::CheckpointRecord& r : *list) {
     const bool latest = &r == &list->back();
-    PrintLine(absl::StrCat(
-        r.step(), " ", r.world_size(), " ", r.bytes(), " ",
-        absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ",
-                         absl::FromUnixMillis(r.created_unix_ms()),
-                         absl::UTCTimeZone()),
-        " ", r.path(), latest ? " latest" : ""));
+    PrintLine(
+        absl::StrCat(r.step(), " ", r.world_size(), " ", r.bytes(), " ",
+                     absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ",
+                                      absl::FromUnixMillis(r.created_unix_ms()),
+                                      absl::UTCTimeZone()),
+                     " ", r.path(), latest ? " latest" : ""));
   }
+  return 0;
+}
+
+// `cohortctl dump RUN` and `cohortctl diagnose RUN`.
+int FlightCommand(const std::string& command, const std::string& run,
+                  cohort::RemoteStore& store,
+                  const cohort::ConnectionOptions& connection) {
+  const double answer_s = absl::GetFlag(FLAGS_answer_timeout);
+  if (!(answer_s > 0)) return Usage("--answer_timeout must be > 0 seconds");
+  cohort::FlightReportOptions options;
+  options.answer_timeout = absl::Seconds(answer_s);
+  absl::StatusOr<std::string> report;
+  if (command == "dump") {
+    report = cohort::DumpReport(store, run, options);
+  } else {
+    options.request = absl::GetFlag(FLAGS_request_dump);
+    options.round = absl::GetFlag(FLAGS_round);
+    auto members = cohort::MembershipClient::Connect(connection);
+    if (!members.ok()) return Fail(members.status());
+    report = cohort::DiagnoseReport(store, members->get(), run, options);
+  }
+  if (!report.ok()) return Fail(report.status());
+  std::fputs(report->c_str(), stdout);
   return 0;
 }
 
@@ -434,7 +475,6 @@ int main(int argc, char** argv) {
   if (args.empty()) return Usage("no command given");
   const std::string command = args[0];
   args.erase(args.begin());
-
   absl::StatusOr<cohort::RemoteStoreOptions> options = OptionsFromFlags();
   if (!options.ok()) return Fail(options.status());
   if (command == "whoami" || command == "token") {
@@ -461,6 +501,10 @@ int main(int argc, char** argv) {
   if (command == "checkpoints") {
     if (args.size() != 1) return Usage("checkpoints takes RUN");
     return PrintCheckpoints(**connected, args[0]);
+  }
+  if (command == "dump" || command == "diagnose") {
+    if (args.size() != 1) return Usage(absl::StrCat(command, " takes RUN"));
+    return FlightCommand(command, args[0], **connected, *options);
   }
   return StoreCommand(command, args, **connected, absl::Seconds(timeout_s),
                       stop_signals);

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "client/store.h"
 #include "cohort/v1/flight.pb.h"
+#include "proto/flight/flight_keys.h"
 
 namespace cohort {
 
@@ -24,6 +25,10 @@ class FlightCatalog {
  public:
   // `store` must outlive the catalog; keys are under runs/<run>/flight/.
   FlightCatalog(Store* store, std::string run);
+
+  // The reason of the dump a rank publishes as it creates a group, which
+  // names its node (flight_keys.h).
+  static constexpr const char* kStartReason = flight::kStartReason;
 
   const std::string& run() const { return run_; }
 

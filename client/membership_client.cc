@@ -10,7 +10,8 @@ namespace cohort {
 namespace {
 
 Member ToMember(const v1::MemberInfo& info) {
-  return Member{info.name(), info.incarnation(), info.rank(), info.host()};
+  return Member{info.name(), info.incarnation(), info.rank(), info.host(),
+                absl::Milliseconds(info.heartbeat_age_ms())};
 }
 
 MemberEvent ToEvent(const v1::MemberEvent& e) {

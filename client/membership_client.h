@@ -30,6 +30,8 @@ struct Member {
   int64_t incarnation = 0;
   int rank = -1;
   std::string host;
+  // ListMembers only: how long ago cohortd last heard from the member.
+  absl::Duration heartbeat_age = absl::ZeroDuration();
 };
 
 struct MemberEvent {

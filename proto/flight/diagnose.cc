@@ -58,8 +58,8 @@ std::string Arguments(const FlightOp& op) {
   if (!op.reduce().empty()) parts.push_back(op.reduce());
   if (op.root() >= 0) parts.push_back(absl::StrCat("root ", op.root()));
   parts.push_back(op.dtype());
-  parts.push_back(absl::StrCat(op.count(), op.count() == 1 ? " element"
-                                                           : " elements"));
+  parts.push_back(
+      absl::StrCat(op.count(), op.count() == 1 ? " element" : " elements"));
   return absl::StrJoin(parts, ", ");
 }
 
@@ -73,7 +73,8 @@ std::string Seconds(absl::Duration d) {
 }
 
 std::string Ranks(const std::vector<int>& ranks) {
-  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", RankRanges(ranks));
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ",
+                      RankRanges(ranks));
 }
 
 // What membership says of `rank`, for a sentence: " (its last heartbeat
@@ -81,12 +82,15 @@ std::string Ranks(const std::vector<int>& ranks) {
 std::string LivenessNote(const std::map<int, Liveness>& liveness, int rank) {
   auto it = liveness.find(rank);
   if (it == liveness.end()) return "";
-  if (!it->second.alive) {
+  const Liveness& l = it->second;
+  if (!l.alive && !l.heartbeat_known) return " (dead in membership)";
+  if (!l.alive) {
     return absl::StrCat(" (dead in membership; its last heartbeat was ",
-                        Seconds(it->second.since_heartbeat), " ago)");
+                        Seconds(l.since_heartbeat), " ago)");
   }
-  return absl::StrCat(" (its last heartbeat was ",
-                      Seconds(it->second.since_heartbeat), " ago)");
+  if (!l.heartbeat_known) return "";
+  return absl::StrCat(" (its last heartbeat was ", Seconds(l.since_heartbeat),
+                      " ago)");
 }
 
 // The earliest seq that ranks disagree on: different ops, or the same op
@@ -121,19 +125,18 @@ void FindMismatch(const std::vector<RankView>& views, const std::string& group,
         minority.insert(minority.end(), ranks.begin(), ranks.end());
       }
     }
-    const bool same_op = std::all_of(names.begin(), names.end(),
-                                     [&](const std::string& n) {
-                                       return n == names.front();
-                                     });
+    const bool same_op =
+        std::all_of(names.begin(), names.end(),
+                    [&](const std::string& n) { return n == names.front(); });
     Finding f;
-    f.kind = same_op ? Finding::Kind::kArgumentMismatch
-                     : Finding::Kind::kMismatch;
+    f.kind =
+        same_op ? Finding::Kind::kArgumentMismatch : Finding::Kind::kMismatch;
     f.seq = seq;
     std::sort(minority.begin(), minority.end());
     f.ranks = minority;
-    f.sentence = absl::StrCat(
-        same_op ? "arguments differ" : "ops differ", " at #", seq, " of group ",
-        group, ": ", absl::StrJoin(parts, "; "));
+    f.sentence =
+        absl::StrCat(same_op ? "arguments differ" : "ops differ", " at #", seq,
+                     " of group ", group, ": ", absl::StrJoin(parts, "; "));
     findings.push_back(std::move(f));
     return;  // The first disagreement explains the rest.
   }
@@ -165,15 +168,15 @@ void FindHang(const std::vector<RankView>& views, const std::string& group,
     culprits.push_back(v.rank);
     const std::string note = LivenessNote(liveness, v.rank);
     if (c == nullptr || c->seq() > seq) {
-      behind.push_back(absl::StrCat(
-          "rank ", v.rank, " last completed #", v.last_done,
-          " and has not entered #", seq, note));
+      behind.push_back(absl::StrCat("rank ", v.rank, " last completed #",
+                                    v.last_done, " and has not entered #", seq,
+                                    note));
     } else if (c->seq() == seq) {
       behind.push_back(absl::StrCat("rank ", v.rank, " has queued #", seq,
                                     " but not started it", note));
     } else {
-      behind.push_back(absl::StrCat("rank ", v.rank, " is still in ",
-                                    Label(*c), " (", c->state(), ")", note));
+      behind.push_back(absl::StrCat("rank ", v.rank, " is still in ", Label(*c),
+                                    " (", c->state(), ")", note));
     }
   }
   for (int r : silent) {
@@ -198,19 +201,39 @@ void FindHang(const std::vector<RankView>& views, const std::string& group,
   findings.push_back(std::move(f));
 }
 
-void FindFailures(const std::vector<RankView>& views, std::vector<Finding>& out) {
+// Each rank's first failed op (the group is broken after it), one
+// finding per op: a thousand ranks failing in one collective make one
+// line, with the lowest rank's error.
+void FindFailures(const std::vector<RankView>& views,
+                  std::vector<Finding>& out) {
+  std::map<std::string, Finding> by_op;  // By Label.
+  std::vector<std::string> order;
   for (const RankView& v : views) {
     for (const FlightOp& op : v.dump->ops()) {
       if (op.state() != "failed") continue;
-      Finding f;
-      f.kind = Finding::Kind::kFailed;
-      f.seq = op.seq();
-      f.ranks = {v.rank};
-      f.sentence = absl::StrCat("rank ", v.rank, "'s ", Label(op),
-                                " failed: ", op.error());
-      out.push_back(std::move(f));
-      break;  // Its first failure; the group is broken after it.
+      const std::string label = Label(op);
+      auto [it, added] = by_op.try_emplace(label);
+      Finding& f = it->second;
+      if (added) {
+        order.push_back(label);
+        f.kind = Finding::Kind::kFailed;
+        f.seq = op.seq();
+        f.sentence = op.error();  // The first (lowest) rank's error.
+      }
+      f.ranks.push_back(v.rank);
+      break;
     }
+  }
+  for (const std::string& label : order) {
+    Finding& f = by_op[label];
+    const std::string error = std::move(f.sentence);
+    f.sentence =
+        f.ranks.size() == 1
+            ? absl::StrCat("rank ", f.ranks[0], "'s ", label, " failed: ",
+                           error)
+            : absl::StrCat(label, " failed on ", Ranks(f.ranks), "; rank ",
+                           f.ranks[0], "'s error: ", error);
+    out.push_back(std::move(f));
   }
 }
 
@@ -309,8 +332,9 @@ Diagnosis Diagnose(const std::vector<FlightDump>& dumps,
     seen[d.rank()] = true;
     views.push_back(ViewOf(d));
   }
-  std::sort(views.begin(), views.end(),
-            [](const RankView& a, const RankView& b) { return a.rank < b.rank; });
+  std::sort(
+      views.begin(), views.end(),
+      [](const RankView& a, const RankView& b) { return a.rank < b.rank; });
   std::vector<int> silent;
   for (int r = 0; r < world; ++r) {
     if (!seen[r]) silent.push_back(r);
@@ -325,9 +349,11 @@ Diagnosis Diagnose(const std::vector<FlightDump>& dumps,
     Finding f;
     f.kind = Finding::Kind::kDead;
     f.ranks = {rank};
-    f.sentence = absl::StrCat("rank ", rank, " is dead in membership: its last "
-                              "heartbeat was ", Seconds(state.since_heartbeat),
-                              " ago");
+    f.sentence = absl::StrCat("rank ", rank, " is dead in membership");
+    if (state.heartbeat_known) {
+      absl::StrAppend(&f.sentence, ": its last heartbeat was ",
+                      Seconds(state.since_heartbeat), " ago");
+    }
     diagnosis.findings.push_back(std::move(f));
   }
   const bool hang = std::any_of(

@@ -32,16 +32,19 @@ namespace cohort::flight {
 struct Liveness {
   bool alive = true;
   absl::Duration since_heartbeat = absl::ZeroDuration();
+  // Unknown (left out of sentences) when false: a dead member's last
+  // heartbeat is not listed.
+  bool heartbeat_known = true;
 };
 
 struct Finding {
   enum class Kind {
-    kHang,          // Ranks inside an op that others have not entered.
-    kMismatch,      // Different ops at one seq.
+    kHang,              // Ranks inside an op that others have not entered.
+    kMismatch,          // Different ops at one seq.
     kArgumentMismatch,  // The same op with different sizes/dtypes/roots.
-    kDead,          // Dead in membership, or no records at all.
-    kFailed,        // An op that ended with an error.
-    kStraggler,     // The rank that entered ops last, most often.
+    kDead,              // Dead in membership, or no records at all.
+    kFailed,            // An op that ended with an error.
+    kStraggler,         // The rank that entered ops last, most often.
   };
   Kind kind;
   std::vector<int> ranks;  // The ranks the finding is about (the culprits).

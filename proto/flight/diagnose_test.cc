@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace cohort::flight {
@@ -57,8 +58,7 @@ TEST(DiagnoseTest, NamesTheRankThatNeverEnteredTheOp) {
   for (int r = 0; r < 8; ++r) {
     if (r != 3) Add(dumps[r], 1042, "running", kT0 + 5'000'000);
   }
-  const Diagnosis d =
-      Diagnose(dumps, {{3, Liveness{true, absl::Seconds(2)}}});
+  const Diagnosis d = Diagnose(dumps, {{3, Liveness{true, absl::Seconds(2)}}});
   ASSERT_FALSE(d.findings.empty());
   const Finding& f = d.findings[0];
   EXPECT_EQ(f.kind, Finding::Kind::kHang);
@@ -79,9 +79,8 @@ TEST(DiagnoseTest, ADeadRankIsNamedAsTheCulpritAndAsDead) {
   Add(dumps[0], 5, "running", kT0 + 9000);
   Add(dumps[1], 5, "running", kT0 + 9000);
   dumps.pop_back();  // Rank 2 died: no records.
-  const Diagnosis d =
-      Diagnose(dumps, {{2, Liveness{false, absl::Seconds(31)}}},
-               {.world_size = 3});
+  const Diagnosis d = Diagnose(dumps, {{2, Liveness{false, absl::Seconds(31)}}},
+                               {.world_size = 3});
   ASSERT_GE(d.findings.size(), 2u);
   EXPECT_EQ(d.findings[0].kind, Finding::Kind::kHang);
   EXPECT_EQ(d.findings[0].ranks, std::vector<int>{2});
@@ -133,6 +132,21 @@ TEST(DiagnoseTest, AFailedOpIsReportedWithItsError) {
   EXPECT_EQ(d.findings[0].sentence,
             "rank 1's AllReduce #2 failed: DEADLINE_EXCEEDED: waited 30 s for "
             "rank 0");
+}
+
+TEST(DiagnoseTest, OneFailedOpOnManyRanksIsOneFinding) {
+  std::vector<FlightDump> dumps = Ranks(5, 2);
+  for (int r : {0, 1, 2, 4}) {
+    Add(dumps[r], 2, "failed", kT0 + 3000)
+        ->set_error(absl::StrCat("UNAVAILABLE: rank ", r, " lost rank 3"));
+  }
+  Add(dumps[3], 2, "done", kT0 + 3000);
+  const Diagnosis d = Diagnose(dumps, {});
+  ASSERT_EQ(d.findings.size(), 1u);
+  EXPECT_EQ(d.findings[0].ranks, (std::vector<int>{0, 1, 2, 4}));
+  EXPECT_EQ(d.findings[0].sentence,
+            "AllReduce #2 failed on ranks 0-2,4; rank 0's error: UNAVAILABLE: "
+            "rank 0 lost rank 3");
 }
 
 TEST(DiagnoseTest, TheRankThatEntersLastIsTheStraggler) {

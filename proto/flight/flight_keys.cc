@@ -72,28 +72,35 @@ absl::StatusOr<cohort::v1::FlightDump> DecodeFlightDump(
 std::vector<GroupDiagnosis> DiagnoseRun(
     const std::vector<cohort::v1::FlightDump>& dumps,
     const std::map<std::string, Liveness>& by_node,
-    const DiagnoseOptions& options) {
+    const DiagnoseOptions& options, int64_t wanted_round) {
   std::vector<GroupDiagnosis> out;
   if (dumps.empty()) return out;
   int64_t round = dumps.front().round();
   for (const auto& d : dumps) round = std::max(round, d.round());
   std::map<std::string, std::vector<cohort::v1::FlightDump>> groups;
+  if (wanted_round >= 0) round = wanted_round;
   for (const auto& d : dumps) {
     if (d.round() == round) groups[d.group()].push_back(d);
   }
   for (auto& [group, members] : groups) {
     std::map<int, Liveness> liveness;
+    std::vector<cohort::v1::FlightDump> records;
     GroupDiagnosis g;
     g.round = round;
     g.group = group;
-    g.ranks_dumped = static_cast<int>(members.size());
-    g.oldest_request = members.front().request();
     for (const auto& d : members) {
-      g.oldest_request = std::min(g.oldest_request, d.request());
       auto it = by_node.find(d.node());
       if (it != by_node.end()) liveness[d.rank()] = it->second;
+      // A start dump says where the rank runs, not what it did since.
+      if (d.reason() == kStartReason) continue;
+      records.push_back(d);
     }
-    g.diagnosis = Diagnose(members, liveness, options);
+    g.ranks_dumped = static_cast<int>(records.size());
+    int world = 0;
+    for (const auto& d : members) world = std::max(world, d.world_size());
+    DiagnoseOptions group_options = options;
+    if (group_options.world_size == 0) group_options.world_size = world;
+    g.diagnosis = Diagnose(records, liveness, group_options);
     out.push_back(std::move(g));
   }
   return out;

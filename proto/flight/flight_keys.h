@@ -45,22 +45,28 @@ std::string EncodeFlightDump(cohort::v1::FlightDump dump,
 absl::StatusOr<cohort::v1::FlightDump> DecodeFlightDump(
     absl::string_view key, absl::string_view value);
 
-// One group's diagnosis in a run's latest round.
+// FlightDump.reason of the dump each rank publishes when it creates a
+// group: it names the rank's node before anything goes wrong, so that a
+// rank that never dumps again (frozen, cut off) still has a node whose
+// liveness a diagnosis can report. Its ops are not a diagnosis's input.
+inline constexpr char kStartReason[] = "start";
+
+// One group's diagnosis in a run's round.
 struct GroupDiagnosis {
   int64_t round = 0;
   std::string group;
-  int ranks_dumped = 0;
-  int64_t oldest_request = 0;  // The smallest request among the dumps.
+  int ranks_dumped = 0;  // Dumps other than start dumps.
   Diagnosis diagnosis;
 };
 
-// Diagnoses the dumps of the newest round among `dumps`, group by group
-// (groups in name order). `by_node`: what membership says of each node
-// (FlightDump.node); a rank whose node is absent has unknown liveness.
+// Diagnoses the dumps of round `wanted_round` (-1: the newest round among
+// `dumps`), group by group (groups in name order). `by_node`: what
+// membership says of each node (FlightDump.node); a rank whose node is
+// absent has unknown liveness.
 std::vector<GroupDiagnosis> DiagnoseRun(
     const std::vector<cohort::v1::FlightDump>& dumps,
     const std::map<std::string, Liveness>& by_node,
-    const DiagnoseOptions& options = {});
+    const DiagnoseOptions& options = {}, int64_t wanted_round = -1);
 
 }  // namespace cohort::flight
 

@@ -89,3 +89,37 @@ TEST(FlightKeysTest, DiagnoseRunReadsTheNewestRoundAndNodeLiveness) {
 
 }  // namespace
 }  // namespace cohort::flight
+
+namespace cohort::flight {
+namespace {
+
+TEST(FlightKeysTest, AStartDumpGivesLivenessButNoRecords) {
+  // Rank 1 only ever published its start dump: it is silent, and its node
+  // is dead in membership.
+  auto r0 = DumpWithOps(0, 5);
+  r0.mutable_ops(4)->set_state("running");
+  r0.mutable_ops(4)->set_ended_us(0);
+  auto r1 = DumpWithOps(1, 0);
+  r1.set_reason(kStartReason);
+  std::map<std::string, Liveness> by_node;
+  by_node["node-b"] = Liveness{false, absl::ZeroDuration(), false};
+  const auto groups = DiagnoseRun({r0, r1}, by_node);
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_EQ(groups[0].ranks_dumped, 1);
+  const std::string text = groups[0].diagnosis.Text();
+  EXPECT_NE(text.find("rank 1 sent no flight records (dead in membership)"),
+            std::string::npos)
+      << text;
+}
+
+TEST(FlightKeysTest, DiagnoseRunTakesTheRoundAskedFor) {
+  const auto groups = DiagnoseRun(
+      {DumpWithOps(0, 3, 1), DumpWithOps(1, 3, 1), DumpWithOps(0, 2, 2)}, {},
+      {}, 1);
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_EQ(groups[0].round, 1);
+  EXPECT_EQ(groups[0].ranks_dumped, 2);
+}
+
+}  // namespace
+}  // namespace cohort::flight

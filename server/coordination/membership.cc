@@ -258,8 +258,15 @@ absl::StatusOr<v1::ListMembersResponse> Membership::List(
   v1::ListMembersResponse resp;
   auto g = groups_.find(req.group());
   if (g != groups_.end()) {
+    const absl::Time now = absl::Now();
     for (const auto& [name, live] : g->second.members) {
-      if (live.alive) *resp.add_members() = live.info;
+      if (!live.alive) continue;
+      v1::MemberInfo* info = resp.add_members();
+      *info = live.info;
+      // The lease runs LeaseTimeout from the last renewal.
+      const absl::Time renewed = live.deadline - LeaseTimeout(live.info);
+      info->set_heartbeat_age_ms(
+          std::max<int64_t>(0, absl::ToInt64Milliseconds(now - renewed)));
     }
   }
   resp.set_revision(store_->revision());

@@ -401,6 +401,14 @@ int RunLauncher(const cohort::ConnectionOptions& connection,
       return 1;
     }
   }
+  // For flight dumps when a round fails; the job runs without them.
+  auto store = cohort::RemoteStore::Connect(connection);
+  if (store.ok()) {
+    options.store = std::shared_ptr<cohort::Store>(*std::move(store));
+  } else {
+    std::fprintf(stderr, "cohortrun: no flight dumps on failure: %s\n",
+                 store.status().ToString().c_str());
+  }
   cohort::Launcher launcher(std::move(options), *std::move(rendezvous),
                             *std::move(membership));
   signals.Forward(&launcher);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -18,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "base/net.h"
 #include "base/text.h"
+#include "client/flight_catalog.h"
 
 extern char** environ;
 
@@ -344,6 +346,7 @@ Launcher::RoundEnd Launcher::RunRound(Round& round, int restart_count) {
       if (exit.ok()) continue;
       // Told before stopping the other workers, so peers stop theirs sooner.
       round.member->ReportError(FailureReport(exit)).IgnoreError();
+      DumpFlightRecords(round, exit.rank);
       workers.Stop(SIGTERM, options_.stop_grace);
       return {RoundEnd::Kind::kWorkerFailed,
               absl::StrCat("rank ", exit.rank, " (local rank ", exit.local_rank,
@@ -362,6 +365,7 @@ Launcher::RoundEnd Launcher::RunRound(Round& round, int restart_count) {
       return {RoundEnd::Kind::kStopped, SignalName(signal), status};
     }
     if (std::optional<std::string> trouble = PeerTrouble(round)) {
+      DumpFlightRecords(round, -1);
       workers.Stop(SIGTERM, options_.stop_grace);
       return {RoundEnd::Kind::kPeerFailed, *trouble};
     }
@@ -376,6 +380,43 @@ Launcher::RoundEnd Launcher::RunRound(Round& round, int restart_count) {
     mu_.LockWhenWithTimeout(absl::Condition(this, &Launcher::HasNews),
                             options_.poll_interval);
     mu_.Unlock();
+  }
+}
+
+void Launcher::DumpFlightRecords(const Round& round, int exited) {
+  if (options_.store == nullptr) return;
+  const RendezvousResult& r = round.rendezvous;
+  FlightCatalog catalog(options_.store.get(), options_.run_id);
+  absl::StatusOr<int64_t> request = catalog.Request();
+  if (!request.ok()) {
+    Log(absl::StrCat("round ", r.round, ": cannot request flight dumps: ",
+                     request.status().ToString()));
+    return;
+  }
+  std::set<int> waiting;
+  for (int i = 0; i < options_.nproc_per_node; ++i) {
+    if (r.first_global_rank + i != exited)
+      waiting.insert(r.first_global_rank + i);
+  }
+  const absl::Time deadline = absl::Now() + options_.flight_dump_wait;
+  while (!waiting.empty() && absl::Now() < deadline) {
+    absl::StatusOr<FlightCatalog::Listing> listing = catalog.List();
+    if (!listing.ok()) break;
+    for (const v1::FlightDump& d : listing->dumps) {
+      if (d.round() == r.round && d.request() >= *request)
+        waiting.erase(d.rank());
+    }
+    if (!waiting.empty()) absl::SleepFor(options_.poll_interval);
+  }
+  if (waiting.empty()) {
+    Log(absl::StrCat("round ", r.round, ": flight records in cohortd (",
+                     "cohortctl diagnose ", options_.run_id,
+                     " --request_dump=false)"));
+  } else {
+    Log(absl::StrCat("round ", r.round, ": no flight records from ",
+                     waiting.size() == 1 ? "rank " : "ranks ",
+                     absl::StrJoin(waiting, ","), " within ",
+                     absl::FormatDuration(options_.flight_dump_wait)));
   }
 }
 

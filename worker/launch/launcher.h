@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "client/membership_client.h"
 #include "client/rendezvous_client.h"
+#include "client/store.h"
 #include "worker/launch/local_workers.h"
 #include "worker/launch/tcpstore_proxy.h"
 
@@ -94,6 +95,14 @@ struct LauncherOptions {
   // nodes wait to join.
   absl::Duration poll_interval = absl::Milliseconds(50);
   absl::Duration run_status_interval = absl::Seconds(1);
+
+  // cohortd's store. Before stopping the workers of a round that failed (a
+  // worker failed, or a peer node did), the launcher asks every rank of
+  // the run for its flight records (client/flight_catalog.h) and waits up
+  // to flight_dump_wait for its own live ranks' answers, so that a
+  // diagnosis sees where they were. Null: no dumps.
+  std::shared_ptr<Store> store;
+  absl::Duration flight_dump_wait = absl::Seconds(3);
 
   // Where "cohortrun: ..." lines go (one call per line, no newline).
   // Default: stderr. Worker output goes to these fds (tests redirect it).
@@ -180,6 +189,9 @@ class Launcher {
                                       int store_port) const;
   // The first relevant failure among the peer events received so far.
   std::optional<std::string> PeerTrouble(const Round& round);
+  // Requests flight dumps; waits for those of this node's ranks but
+  // `exited` (options_.store, flight_dump_wait).
+  void DumpFlightRecords(const Round& round, int exited);
   // Whether nodes wait to join a round that has room for them.
   std::optional<std::string> NodesWaiting(const Round& round);
 

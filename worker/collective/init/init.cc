@@ -14,6 +14,7 @@
 #include "client/prefix_store.h"
 #include "client/remote_store.h"
 #include "client/tcpstore_client.h"
+#include "worker/collective/init/flight_dumper.h"
 
 namespace cohort {
 namespace {
@@ -227,8 +228,25 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
   if (backend == "nccl" && created.nccl.error_reporter == nullptr) {
     created.nccl.error_reporter = NodeErrorReporterFromEnv(r->rank);
   }
-  return CreateProcessGroup(backend, std::move(store), r->rank, r->world_size,
-                            created);
+  // Under cohortrun, every group's recent ops go to cohortd on trouble.
+  FlightDumper* dumper = FlightDumper::FromEnv();
+  if (dumper != nullptr) {
+    auto caller = std::move(created.group.on_op_failure);
+    created.group.on_op_failure = [dumper, caller](const absl::Status& s) {
+      dumper->OnOpFailure(s);
+      if (caller) caller(s);
+    };
+  }
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> group = CreateProcessGroup(
+      backend, std::move(store), r->rank, r->world_size, created);
+  if (group.ok() && dumper != nullptr && (*group)->flight_recorder()) {
+    FlightGroupInfo info;
+    info.backend = std::string(backend);
+    info.rank = r->rank;
+    info.world_size = r->world_size;
+    dumper->Add((*group)->flight_recorder(), std::move(info));
+  }
+  return group;
 }
 
 }  // namespace cohort

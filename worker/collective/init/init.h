@@ -61,7 +61,10 @@ std::function<void(const absl::Status&)> NodeErrorReporterFromEnv(int rank);
 // its group again (after a failure) gets fresh keys (the backend's
 // store_prefix in `options` is replaced by them). A null
 // options.nccl.error_reporter is NodeErrorReporterFromEnv(rank). The group
-// is CreateProcessGroup's over that store. Blocks until every rank
+// is CreateProcessGroup's over that store. Under cohortrun (COHORT_ADDR
+// and COHORT_RUN_ID set) the group is registered with the process's
+// FlightDumper (flight_dumper.h): its recent ops go to cohortd when an op
+// fails, on SIGUSR1, and when `cohortctl dump` asks. Blocks until every rank
 // has arrived or options.group.timeout passes (DEADLINE_EXCEEDED naming the
 // missing ranks' keys). INVALID_ARGUMENT, naming what is wrong, for an
 // unknown backend or scheme, a missing variable, or a bad rank or size.
