@@ -22,6 +22,28 @@ namespace {
 
 constexpr int kComputeTid = 1;
 constexpr int kFirstCommTid = 10;
+constexpr int kMaxLanes = 16;  // Per group; more would share the last.
+
+int LaneTid(int group_id, int lane) {
+  return kFirstCommTid + group_id * kMaxLanes + lane;
+}
+
+// The first lane whose spans all ended by `start` (a new one if none),
+// extended to `end`.
+int PickLane(std::vector<int64_t>& lane_ends, int64_t start, int64_t end) {
+  for (size_t l = 0; l < lane_ends.size(); ++l) {
+    if (lane_ends[l] <= start) {
+      lane_ends[l] = end;
+      return static_cast<int>(l);
+    }
+  }
+  if (lane_ends.size() < kMaxLanes) {
+    lane_ends.push_back(end);
+  } else {
+    lane_ends.back() = std::max(lane_ends.back(), end);
+  }
+  return static_cast<int>(lane_ends.size()) - 1;
+}
 
 // `text` as a JSON string, quotes included.
 std::string Quote(absl::string_view text) {
@@ -160,16 +182,17 @@ int Timeline::AddGroup(absl::string_view name,
   absl::MutexLock lock(&mu_);
   Group group;
   group.id = static_cast<int>(groups_.size());
-  group.tid = kFirstCommTid + group.id;
   group.name = std::string(name);
   group.next = recorder->recorded();
   group.recorder = std::move(recorder);
   group.size = group_size;
-  const std::string thread = absl::StrCat("comm ", name);
-  AddEventLocked(MetadataEvent(options_.rank, group.tid, "thread_name", "name",
-                               Quote(thread)));
-  AddEventLocked(MetadataEvent(options_.rank, group.tid, "thread_sort_index",
-                               "sort_index", absl::StrCat(group.tid)));
+  // Lane 0 is named now, so that a group shows even before its first op.
+  const int tid = LaneTid(group.id, 0);
+  AddEventLocked(MetadataEvent(options_.rank, tid, "thread_name", "name",
+                               Quote(absl::StrCat("comm ", name))));
+  AddEventLocked(MetadataEvent(options_.rank, tid, "thread_sort_index",
+                               "sort_index", absl::StrCat(tid)));
+  group.lanes_named = 1;
   groups_.push_back(std::move(group));
   return groups_.back().id;
 }
@@ -182,11 +205,7 @@ void Timeline::RemoveGroup(int id) {
   DrainLocked(group);
   // What was still in flight is written as it stood.
   const int64_t now = NowMicros();
-  for (const FlightRecord& r : group.in_flight) {
-    std::string event;
-    AppendOp(group, r, now, event);
-    AddEventLocked(std::move(event));
-  }
+  for (const FlightRecord& r : group.in_flight) AddOpLocked(group, r, now);
   group.in_flight.clear();
   group.handled.clear();
   group.recorder = nullptr;
@@ -260,18 +279,31 @@ int Timeline::StepAt(int64_t us) const {
 }
 
 void Timeline::AppendOp(const Group& group, const FlightRecord& r,
-                        int64_t now_us, std::string& out) const {
+                        int64_t now_us, std::vector<int64_t>& lane_ends,
+                        int lanes_named, std::string& out) const {
   // An op not yet started is drawn from when it was queued.
   const int64_t start = r.started_us > 0 ? r.started_us : r.enqueued_us;
-  const int64_t end = r.ended_us > 0 ? r.ended_us : now_us;
+  const int64_t end = std::max(start, r.ended_us > 0 ? r.ended_us : now_us);
+  const int lane = PickLane(lane_ends, start, end);
+  const int tid = LaneTid(group.id, lane);
+  if (lane >= lanes_named) {
+    absl::StrAppend(
+        &out,
+        MetadataEvent(options_.rank, tid, "thread_name", "name",
+                      Quote(absl::StrCat("comm ", group.name, " #", lane + 1))),
+        ",\n",
+        MetadataEvent(options_.rank, tid, "thread_sort_index", "sort_index",
+                      absl::StrCat(tid)),
+        ",\n");
+  }
   const uint64_t bytes = r.count * DtypeSize(r.dtype);
-  absl::StrAppend(
-      &out, "{\"ph\":\"X\",\"pid\":", options_.rank, ",\"tid\":", group.tid,
-      ",\"cat\":\"comm\",\"name\":\"", r.op, "\",\"ts\":", start,
-      ",\"dur\":", std::max<int64_t>(0, end - start), ",\"args\":{\"op\":\"",
-      r.op, "\",\"seq\":", r.seq, ",\"dtype\":\"", DtypeName(r.dtype),
-      "\",\"count\":", r.count, ",\"bytes\":", bytes, ",\"ranks\":", group.size,
-      ",\"queued_us\":", r.enqueued_us);
+  absl::StrAppend(&out, "{\"ph\":\"X\",\"pid\":", options_.rank,
+                  ",\"tid\":", tid, ",\"cat\":\"comm\",\"name\":\"", r.op,
+                  "\",\"ts\":", start, ",\"dur\":", end - start,
+                  ",\"args\":{\"op\":\"", r.op, "\",\"seq\":", r.seq,
+                  ",\"dtype\":\"", DtypeName(r.dtype), "\",\"count\":", r.count,
+                  ",\"bytes\":", bytes, ",\"ranks\":", group.size,
+                  ",\"queued_us\":", r.enqueued_us);
   if (r.is_reduction) {
     absl::StrAppend(&out, ",\"reduce\":\"", ReduceOpName(r.reduce), "\"");
   }
@@ -285,6 +317,15 @@ void Timeline::AppendOp(const Group& group, const FlightRecord& r,
   absl::StrAppend(&out, ",\"state\":\"", FlightStateName(r.state), "\"");
   if (!r.error.empty()) absl::StrAppend(&out, ",\"error\":", Quote(r.error));
   out += "}}";
+}
+
+void Timeline::AddOpLocked(Group& group, const FlightRecord& r,
+                           int64_t now_us) {
+  std::string event;
+  AppendOp(group, r, now_us, group.lane_ends, group.lanes_named, event);
+  group.lanes_named =
+      std::max(group.lanes_named, static_cast<int>(group.lane_ends.size()));
+  AddEventLocked(std::move(event));  // With the lane's name when new.
 }
 
 void Timeline::DrainLocked(Group& group) {
@@ -324,9 +365,7 @@ void Timeline::DrainLocked(Group& group) {
     if (group.handled.contains(r.index)) {
       if (!blocked) handle(r.index);
     } else if (Finished(r)) {
-      std::string event;
-      AppendOp(group, r, now, event);
-      AddEventLocked(std::move(event));
+      AddOpLocked(group, r, now);
       handle(r.index);
     } else {
       group.in_flight.push_back(r);
@@ -340,8 +379,10 @@ std::string Timeline::ContentsLocked() const {
   out += events_;
   const int64_t now = NowMicros();
   for (const Group& group : groups_) {
+    // Lanes for ops in flight are picked again at each write.
+    std::vector<int64_t> lane_ends = group.lane_ends;
     for (const FlightRecord& r : group.in_flight) {
-      AppendOp(group, r, now, out);
+      AppendOp(group, r, now, lane_ends, group.lanes_named, out);
       out += ",\n";
     }
   }

@@ -111,7 +111,6 @@ class Timeline {
  private:
   struct Group {
     int id = 0;
-    int tid = 0;
     std::string name;
     std::shared_ptr<const FlightRecorder> recorder;  // Null once removed.
     int size = 1;
@@ -122,6 +121,13 @@ class Timeline {
     absl::flat_hash_set<uint64_t> handled;
     // The ops in flight at the last drain, written with their state.
     std::vector<FlightRecord> in_flight;
+    // Ops that run at once (an engine with several threads, Send and Recv)
+    // would overlap on one thread, which viewers cannot draw (spans on a
+    // thread must nest): each op goes on the first lane, a thread of its
+    // own ("comm <name> #2", ...), whose spans all ended before it started.
+    // The latest end on each lane, and how many lanes are named in events_.
+    std::vector<int64_t> lane_ends;
+    int lanes_named = 0;
   };
   struct Step {
     int step;
@@ -133,8 +139,15 @@ class Timeline {
 
   void Run();  // The background thread.
   void DrainLocked(Group& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `record` as a span on one of `group`'s lanes (`lane_ends`: the
+  // group's, or a copy for an op in flight), naming the lane first if it
+  // is not among the first `lanes_named`.
   void AppendOp(const Group& group, const FlightRecord& record, int64_t now_us,
+                std::vector<int64_t>& lane_ends, int lanes_named,
                 std::string& out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes a finished op into events_ for good.
+  void AddOpLocked(Group& group, const FlightRecord& record, int64_t now_us)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddEventLocked(std::string event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Names the compute thread, before its first span.
   void NameComputeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

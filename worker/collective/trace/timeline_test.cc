@@ -168,7 +168,10 @@ TEST(TimelineTest, AnOpInFlightIsWrittenAsRunningThenOnceWhenDone) {
   const uint64_t slow = recorder->Queued(
       CollectiveOp::AllReduce(BufferView::Of(data, 4), ReduceOp::kSum));
   recorder->Started(slow);
+  // The clock counts microseconds: apart, so that the spans overlap.
+  absl::SleepFor(absl::Milliseconds(2));
   RunOp(*recorder, data, 2);  // Ends before the first one.
+  absl::SleepFor(absl::Milliseconds(2));
   ASSERT_TRUE((*timeline)->Flush().ok());
   std::vector<Struct> comm = Events(Parse((*timeline)->path()), "comm");
   ASSERT_EQ(comm.size(), 2u);
@@ -180,11 +183,37 @@ TEST(TimelineTest, AnOpInFlightIsWrittenAsRunningThenOnceWhenDone) {
   recorder->Ended(slow, absl::UnavailableError("peer gone"));
   ASSERT_TRUE((*timeline)->Flush().ok());
   ASSERT_TRUE((*timeline)->Flush().ok());
-  comm = Events(Parse((*timeline)->path()), "comm");
+  const Struct trace = Parse((*timeline)->path());
+  comm = Events(trace, "comm");
   ASSERT_EQ(comm.size(), 2u);  // Each op once.
   EXPECT_EQ(Num(Args(comm[1]), "seq"), 0);
   EXPECT_EQ(Str(Args(comm[1]), "state"), "failed");
   EXPECT_NE(Str(Args(comm[1]), "error").find("peer gone"), std::string::npos);
+  // The two ran at once: on two lanes (threads), so that neither span
+  // overlaps another on its thread, the second lane named "#2".
+  EXPECT_NE(Num(comm[0], "tid"), Num(comm[1], "tid"));
+  bool named = false;
+  for (const Struct& e : Events(trace, "")) {
+    if (Str(e, "ph") == "M" && e.fields().contains("tid") &&
+        Num(e, "tid") == Num(comm[1], "tid") &&
+        Args(e).fields().contains("name")) {
+      named = Str(Args(e), "name") == "comm world #2";
+    }
+  }
+  EXPECT_TRUE(named);
+}
+
+TEST(TimelineTest, OpsThatDoNotOverlapShareOneThread) {
+  auto recorder = std::make_shared<FlightRecorder>(16);
+  float data[1] = {};
+  auto timeline = Timeline::Open(Quiet("one-lane"));
+  ASSERT_TRUE(timeline.ok());
+  (*timeline)->AddGroup("world", recorder, 2);
+  for (int i = 0; i < 5; ++i) RunOp(*recorder, data, 1);
+  ASSERT_TRUE((*timeline)->Flush().ok());
+  const std::vector<Struct> comm = Events(Parse((*timeline)->path()), "comm");
+  ASSERT_EQ(comm.size(), 5u);
+  for (const Struct& e : comm) EXPECT_EQ(Num(e, "tid"), Num(comm[0], "tid"));
 }
 
 TEST(TimelineTest, CountsOpsTheRingDroppedBeforeTheyWereRead) {
