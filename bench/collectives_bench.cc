@@ -61,6 +61,9 @@ ABSL_FLAG(bool, verify_ops, true,
           "ProcessGroupOptions::verify_ops: ranks compare each collective "
           "before running it (a round trip per call; the group's default)");
 ABSL_FLAG(int, threads, 2, "ProcessGroupOptions::threads");
+ABSL_FLAG(int, flight_records, 2000,
+          "ProcessGroupOptions::flight_records: ops the flight recorder "
+          "keeps; 0 records none (bench/flight_recorder_overhead.sh)");
 ABSL_FLAG(std::string, transport, "shm",
           "shm: ranks of this host over shared memory (GlooOptions's "
           "default); tcp: loopback TCP only, as torch-gloo; hosts:N: the "
@@ -77,6 +80,7 @@ struct Config {
   std::vector<size_t> sizes;
   bool verify_ops;
   int threads;
+  int flight_records;
   bool shared_memory;
   int hosts;  // Simulated hosts; 1: the real one.
   size_t shm_slot_bytes;
@@ -163,6 +167,7 @@ absl::Status RunRank(const Config& config, int rank) {
   GlooOptions options;
   options.group.verify_ops = config.verify_ops;
   options.group.threads = config.threads;
+  options.group.flight_records = config.flight_records;
   options.group.timeout = absl::Seconds(120);
   options.bind_address = "127.0.0.1";
   options.store_prefix = "collectives_bench";
@@ -214,6 +219,7 @@ absl::StatusOr<Config> ParseConfig() {
   config.world = absl::GetFlag(FLAGS_world);
   config.verify_ops = absl::GetFlag(FLAGS_verify_ops);
   config.threads = absl::GetFlag(FLAGS_threads);
+  config.flight_records = absl::GetFlag(FLAGS_flight_records);
   config.shm_slot_bytes = absl::GetFlag(FLAGS_shm_slot_bytes);
   const std::string transport = absl::GetFlag(FLAGS_transport);
   config.shared_memory = transport != "tcp";

@@ -51,6 +51,8 @@ tsan_targets=(
   //client:file_store_test
   //worker/collective:process_group_test
   //worker/collective:op_engine_test
+  //worker/collective:flight_recorder_test
+  //worker/collective/init:flight_dumper_test
   //worker/collective/gloo:gloo_process_group_test
   //worker/collective/gloo:gloo_store_test
   //worker/collective/gloo/shm:futex_barrier_test

@@ -69,7 +69,10 @@ OpEngine::OpEngine(int rank, int size, const OpEngineOptions& options,
       size_(size),
       options_(options),
       transport_(transport),
-      recorder_(std::make_shared<FlightRecorder>()) {
+      recorder_(options_.group.flight_records > 0
+                    ? std::make_shared<FlightRecorder>(
+                          options_.group.flight_records)
+                    : nullptr) {
   for (int i = 0; i < options_.group.threads; ++i) {
     op_threads_.emplace_back([this] { RunOps(); });
   }
@@ -94,7 +97,7 @@ std::shared_ptr<Work> OpEngine::Submit(CollectiveOp op, Body body,
   absl::MutexLock lock(&mu_);
   // Recorded under the lock, so that the recorder's seqs follow the queue's
   // order, which is the same on every rank.
-  const uint64_t flight = recorder_->Queued(op);
+  const uint64_t flight = recorder_ ? recorder_->Queued(op) : 0;
   // Each op takes two tags: one for its body, one for CheckSameOpEverywhere.
   ops_.push_back(QueuedOp{std::move(name), flight, next_tag_, std::move(op),
                           std::move(body), checks_itself, work});
@@ -112,8 +115,9 @@ std::shared_ptr<Work> OpEngine::Post(const PointToPointOp& op) {
   }
   auto work = std::make_shared<Work>();
   std::string name = op.Name();
-  const uint64_t flight = recorder_->Queued(op);
-  recorder_->Started(flight);  // Posted now, not queued behind anything.
+  const uint64_t flight = recorder_ ? recorder_->Queued(op) : 0;
+  // Posted now, not queued behind anything.
+  if (recorder_) recorder_->Started(flight);
   absl::StatusOr<std::unique_ptr<Transfer>> transfer = transport_->Post(op);
   if (!transfer.ok()) {
     Finish(work, flight, Where(name, transfer.status()));
@@ -141,11 +145,11 @@ void OpEngine::RunOps() {
       broken = BrokenStatus();
     }
     if (!broken.ok()) {
-      recorder_->Ended(op.flight, broken);
+      if (recorder_) recorder_->Ended(op.flight, broken);
       op.work->Complete(broken);
       continue;
     }
-    recorder_->Started(op.flight);
+    if (recorder_) recorder_->Started(op.flight);
     Finish(op.work, op.flight, Where(op.name, RunOp(op)));
   }
 }
@@ -261,7 +265,7 @@ absl::Status OpEngine::Where(absl::string_view name,
 
 void OpEngine::Finish(const std::shared_ptr<Work>& work, uint64_t flight,
                       absl::Status status) {
-  recorder_->Ended(flight, status);
+  if (recorder_) recorder_->Ended(flight, status);
   if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) {
     absl::MutexLock lock(&mu_);
     if (broken_.ok()) broken_ = status;

@@ -144,7 +144,8 @@ class OpEngine {
   int rank() const { return rank_; }
   int size() const { return size_; }
   // Every op issued, as queued, started and ended (flight_recorder.h).
-  // Shared, so that a reader (the dumper) may outlive the engine.
+  // Shared, so that a reader (the dumper) may outlive the engine. Null
+  // when options.group.flight_records is 0.
   std::shared_ptr<const FlightRecorder> flight_recorder() const {
     return recorder_;
   }
@@ -193,7 +194,7 @@ class OpEngine {
   const int size_;
   const OpEngineOptions options_;
   Transport* const transport_;
-  const std::shared_ptr<FlightRecorder> recorder_;
+  const std::shared_ptr<FlightRecorder> recorder_;  // Null: none kept.
 
   mutable absl::Mutex mu_;
   uint32_t next_tag_ ABSL_GUARDED_BY(mu_) = 0;

@@ -268,6 +268,37 @@ TEST(OpEngineTest, TheFlightRecorderSeesEveryOpAndItsEnd) {
   }
 }
 
+// on_op_failure hears of each failed op after the recorder has it; with
+// flight_records = 0 there is no recorder, and ops run as before.
+TEST(OpEngineTest, FailuresAreReportedAndTheRecorderCanBeOff) {
+  FakeTransport transport(0, 2);
+  Recorder recorder;
+  OpEngineOptions options = Options();
+  options.group.flight_records = 0;
+  std::vector<std::string> failures;
+  absl::Mutex mu;
+  options.group.on_op_failure = [&](const absl::Status& s) {
+    absl::MutexLock lock(&mu);
+    failures.push_back(std::string(s.message()));
+  };
+  OpEngine engine(0, 2, options, &transport);
+  EXPECT_EQ(engine.flight_recorder(), nullptr);
+  float f[2] = {1, 2};
+  ASSERT_TRUE(engine.Submit(CollectiveOp::Broadcast(BufferView::Of(f, 2), 1),
+                            recorder.Body())
+                  ->Wait(kWait)
+                  .ok());
+  EXPECT_FALSE(
+      engine
+          .Submit(CollectiveOp::AllReduce(BufferView::Of(f, 2), ReduceOp::kAvg),
+                  recorder.Body(absl::UnavailableError("peer 1 is gone")))
+          ->Wait(kWait)
+          .ok());
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_THAT(failures[0], HasSubstr("peer 1 is gone"));
+}
+
 TEST(OpEngineTest, RanksThatDisagreeGetInvalidArgument) {
   FakeTransport transport(0, 3);
   transport.odd_rank = 2;

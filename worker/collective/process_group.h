@@ -119,6 +119,9 @@ struct ProcessGroupOptions {
   // fails (after the flight recorder has recorded the failure): the flight
   // dumper's trigger (init/flight_dumper.h). It must not block.
   std::function<void(const absl::Status&)> on_op_failure;
+  // Ops the group's flight recorder keeps (flight_recorder.h); 0 keeps
+  // none (and nothing is dumped). Each costs 64 bytes.
+  size_t flight_records = 2000;
 };
 
 // The memory of a backend whose buffers the CPU cannot touch (NCCL's: GPU
