@@ -25,6 +25,7 @@
 #include "client/membership_client.h"
 #include "client/remote_store.h"
 #include "client/rendezvous_client.h"
+#include "client/trace_command.h"
 #include "proto/auth/roles.h"
 
 ABSL_FLAG(std::string, addr, "",
@@ -100,6 +101,16 @@ Commands:
                             bound, caller_host or hostname), tcpstore_bound,
                             tcpstore_prefix (when set) and
                             tcpstore_token_required
+
+Timelines (local files, no cohortd; docs/debugging.md):
+  trace merge DIR|FILE... -o OUT
+                            merge the per-rank files COHORT_TRACE=DIR makes
+                            (DIR/trace-rank*.json, or merged files) into one
+                            Chrome-trace / Perfetto JSON file, a process
+                            "rank R" per rank
+  trace summary DIR|FILE... print per step (the mean over ranks) compute,
+                            communication, exposed communication and
+                            overlap; per rank; per op algbw and busbw
 
 With auth (cohortd --auth_tokens):
   whoami                    print the token's role, prefix and source
@@ -475,6 +486,11 @@ int main(int argc, char** argv) {
   if (args.empty()) return Usage("no command given");
   const std::string command = args[0];
   args.erase(args.begin());
+  if (command == "trace") {
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+    return cohort::TraceCommand(args);
+  }
+
   absl::StatusOr<cohort::RemoteStoreOptions> options = OptionsFromFlags();
   if (!options.ok()) return Fail(options.status());
   if (command == "whoami" || command == "token") {
