@@ -29,6 +29,11 @@ packages+=(libtorch-dev pybind11-dev python3-dev)
 # venv for the project's PyTorch 2.x environment (.venv, below), made from
 # Debian's python3 so that the 1.13 tests and the 2.x venv share one Python.
 packages+=(python3-venv)
+# python3-jsonschema: tests/testing/check_trace.py checks the timelines
+# COHORT_TRACE writes against a JSON Schema of the Trace Event Format, with
+# Debian's python3 (Perfetto's trace processor would download a binary; and
+# a line more in tools/requirements.txt would remake the whole venv).
+packages+=(python3-jsonschema)
 # Only needed for tools/fuzz.sh (clang's libFuzzer) and tools/faults.sh;
 # gcc's ASan, UBSan and TSan runtimes come with g++.
 if [[ "${COHORT_WITH_FUZZ:-0}" == 1 ]]; then

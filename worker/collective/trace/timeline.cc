@@ -229,16 +229,23 @@ void Timeline::AddCompute(absl::string_view name, int64_t start_us,
   AddEventLocked(std::move(event));
 }
 
-void Timeline::AddStep(int step, int64_t start_us, int64_t end_us) {
-  std::string event = absl::StrCat(
-      "{\"ph\":\"X\",\"pid\":", options_.rank, ",\"tid\":", kComputeTid,
-      ",\"cat\":\"step\",\"name\":\"step\",\"ts\":", start_us,
-      ",\"dur\":", std::max<int64_t>(0, end_us - start_us),
-      ",\"args\":{\"step\":", step, "}}");
+void Timeline::BeginStep(int step, int64_t start_us) {
   absl::MutexLock lock(&mu_);
+  open_step_ = Step{step, start_us, 0};
+}
+
+void Timeline::EndStep(int64_t end_us) {
+  absl::MutexLock lock(&mu_);
+  if (!open_step_.has_value()) return;
+  Step step = *open_step_;
+  open_step_.reset();
+  step.end_us = std::max(step.start_us, end_us);
   NameComputeLocked();
-  AddEventLocked(std::move(event));
-  steps_.push_back({step, start_us, end_us});
+  AddEventLocked(absl::StrCat(
+      "{\"ph\":\"X\",\"pid\":", options_.rank, ",\"tid\":", kComputeTid,
+      ",\"cat\":\"step\",\"name\":\"step\",\"ts\":", step.start_us, ",\"dur\":",
+      step.end_us - step.start_us, ",\"args\":{\"step\":", step.step, "}}"));
+  steps_.push_back(step);
   for (Group& group : groups_) {
     if (group.recorder != nullptr && group.recorder->recorded() - group.next >
                                          group.recorder->capacity() / 2) {
@@ -269,6 +276,9 @@ void Timeline::AddEventLocked(std::string event) {
 }
 
 int Timeline::StepAt(int64_t us) const {
+  if (open_step_.has_value() && us >= open_step_->start_us) {
+    return open_step_->step;
+  }
   // The last step that started at or before `us`.
   auto it =
       std::upper_bound(steps_.begin(), steps_.end(), us,

@@ -20,7 +20,7 @@
 // Cost: nothing unless a program makes a Timeline (FromEnvironment returns
 // null when COHORT_TRACE is unset). When on: a span is a string append
 // under a mutex; a background thread drains the groups' recorders (every
-// drain_every; AddStep also drains a group whose ring is half full, so
+// drain_every; EndStep also drains a group whose ring is half full, so
 // that no op is overwritten before it is read) and rewrites the file every
 // flush_every, atomically (a temporary file, then rename), so a job that is
 // killed still leaves its last flush. Ops the ring dropped before they were
@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -94,10 +95,14 @@ class Timeline {
   // step and layer go in its args when >= 0.
   void AddCompute(absl::string_view name, int64_t start_us, int64_t end_us,
                   int step, int layer = -1);
-  // The span of step `step` (category "step"); the ops queued within it get
-  // "step" in their args. Steps are added in order, each after its compute
-  // spans. Drains a group whose ring is half full.
-  void AddStep(int step, int64_t start_us, int64_t end_us);
+  // Step `step` runs from `start_us` until EndStep: a span of category
+  // "step" around its compute spans; the ops queued in it get "step" in
+  // their args (so the step is open before its first op is drained).
+  // REQUIRES: steps in order, one at a time.
+  void BeginStep(int step, int64_t start_us);
+  // Ends the open step at `end_us`, and drains a group whose ring is half
+  // full. Does nothing without an open step.
+  void EndStep(int64_t end_us);
 
   // Reads the groups and writes the file now.
   absl::Status Flush();
@@ -162,7 +167,8 @@ class Timeline {
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Group> groups_ ABSL_GUARDED_BY(mu_);
-  std::vector<Step> steps_ ABSL_GUARDED_BY(mu_);
+  std::vector<Step> steps_ ABSL_GUARDED_BY(mu_);  // Ended ones.
+  std::optional<Step> open_step_ ABSL_GUARDED_BY(mu_);
   // The events, each a JSON object followed by ",\n".
   std::string events_ ABSL_GUARDED_BY(mu_);
   size_t event_count_ ABSL_GUARDED_BY(mu_) = 0;

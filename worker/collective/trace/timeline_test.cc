@@ -100,11 +100,13 @@ TEST(TimelineTest, WritesComputeStepsAndTheGroupsOps) {
 
   EXPECT_EQ((*timeline)->AddGroup("world", recorder, 4), 0);
   const int64_t start = Timeline::NowMicros();
+  (*timeline)->BeginStep(1, start);
   { ComputeSpan forward(timeline->get(), "forward", 1, 0); }
   RunOp(*recorder, data, 8);
+  ASSERT_TRUE((*timeline)->Flush().ok());  // Drained while the step is open.
   RunOp(*recorder, data, 2);
   const int64_t end = Timeline::NowMicros();
-  (*timeline)->AddStep(1, start, end);
+  (*timeline)->EndStep(end);
   RunOp(*recorder, data, 1);  // After the step: no step.
   timeline->reset();
 
@@ -238,11 +240,10 @@ TEST(TimelineTest, AStepReadsARingThatIsHalfFull) {
   auto timeline = Timeline::Open(Quiet("half-full"));
   ASSERT_TRUE(timeline.ok());
   (*timeline)->AddGroup("world", recorder, 2);
-  int64_t t = Timeline::NowMicros();
   for (int step = 1; step <= 5; ++step) {
+    (*timeline)->BeginStep(step, Timeline::NowMicros());
     for (int i = 0; i < 5; ++i) RunOp(*recorder, data, 1);
-    (*timeline)->AddStep(step, t, Timeline::NowMicros());
-    t = Timeline::NowMicros();
+    (*timeline)->EndStep(Timeline::NowMicros());
   }
   ASSERT_TRUE((*timeline)->Flush().ok());
   const Struct trace = Parse((*timeline)->path());

@@ -189,8 +189,9 @@ struct Loop {
     const absl::Time start = absl::Now();
     absl::Time after_first = start;
     for (int s = first; s <= config.steps; ++s) {
-      const int64_t step_start =
-          config.timeline != nullptr ? Timeline::NowMicros() : 0;
+      if (config.timeline != nullptr) {
+        config.timeline->BeginStep(s, Timeline::NowMicros());
+      }
       absl::StatusOr<float> loss = step(s);
       if (!loss.ok()) {
         return absl::Status(
@@ -222,7 +223,7 @@ struct Loop {
         ++report.checkpoints_saved;
       }
       if (config.timeline != nullptr) {
-        config.timeline->AddStep(s, step_start, Timeline::NowMicros());
+        config.timeline->EndStep(Timeline::NowMicros());
       }
       if (s == first) after_first = absl::Now();
     }
