@@ -67,6 +67,8 @@ Membership::Membership(store::KvStore* store, absl::Duration sweep_period)
           live.info = std::move(*record.mutable_member());
           live.alive = record.type() == v1::MemberEvent::JOINED ||
                        record.type() == v1::MemberEvent::ERROR_REPORTED;
+          live.last_event = record.type();
+          live.message = record.message();
           live.deadline = now + LeaseTimeout(live.info);
           if (live.alive) leases_.emplace(live.deadline, &live);
           last_incarnation_ =
@@ -92,10 +94,21 @@ absl::Status Membership::RecordLocked(const std::string& group,
   record.set_type(type);
   *record.mutable_member() = member;
   record.set_message(message);
-  return store_
-      ->Set(absl::StrCat(MembersPrefix(group), member.name()),
-            record.SerializeAsString())
-      .status();
+  absl::Status written =
+      store_
+          ->Set(absl::StrCat(MembersPrefix(group), member.name()),
+                record.SerializeAsString())
+          .status();
+  auto g = groups_.find(group);
+  if (written.ok() && g != groups_.end()) {
+    auto m = g->second.members.find(member.name());
+    if (m != g->second.members.end() &&
+        m->second.info.incarnation() == member.incarnation()) {
+      m->second.last_event = type;
+      m->second.message = message;
+    }
+  }
+  return written;
 }
 
 std::string Membership::Describe(const std::string& group,
@@ -415,6 +428,7 @@ void Membership::StartBarrierLocked(Group& group, const v1::BarrierRequest& req,
       if (live.alive) barrier.participants.push_back(name);
     }
   }
+  barrier.started = absl::Now();
   barrier.timeout = timeout;
   const std::string group_name = req.group(), barrier_id = req.barrier_id();
   const int64_t generation = barrier.generation;
@@ -573,6 +587,63 @@ MembershipStats Membership::stats() {
   stats.barrier_timeouts = barrier_timeouts_;
   stats.barrier_waiting = arrivals_.size();
   return stats;
+}
+
+std::vector<std::string> Membership::GroupNames() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> names;
+  names.reserve(groups_.size());
+  for (const auto& [name, group] : groups_) {
+    if (!group.members.empty()) names.push_back(name);
+  }
+  return names;
+}
+
+absl::StatusOr<GroupSnapshot> Membership::Snapshot(const std::string& group,
+                                                   size_t max_listed) {
+  absl::MutexLock lock(&mu_);
+  auto g = groups_.find(group);
+  if (g == groups_.end() || g->second.members.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no group '", base::Escape(group), "'"));
+  }
+  GroupSnapshot out;
+  out.group = group;
+  out.members = g->second.members.size();
+  for (const auto& [name, live] : g->second.members) {
+    if (live.alive) ++out.alive;
+    if (out.listed.size() < max_listed) {
+      out.listed.push_back({.info = live.info,
+                            .alive = live.alive,
+                            .last_event = live.last_event,
+                            .message = live.message,
+                            .lease_end = live.deadline});
+    }
+  }
+  for (const auto& [id, barrier] : g->second.barriers) {
+    BarrierSnapshot b{.id = id,
+                      .generation = barrier.generation,
+                      .participants = barrier.participants.size(),
+                      .arrived = barrier.here.size(),
+                      .started = barrier.started,
+                      .timeout = barrier.timeout};
+    for (const std::string& name : barrier.participants) {
+      if (barrier.here.contains(name)) continue;
+      if (b.missing.size() == max_listed) {
+        ++b.missing_unlisted;
+        continue;
+      }
+      auto m = g->second.members.find(name);
+      if (m != g->second.members.end()) {
+        b.missing.push_back(m->second.info);
+      } else {
+        b.missing.emplace_back().set_name(name);
+        b.missing.back().set_rank(-1);
+      }
+    }
+    out.barriers.push_back(std::move(b));
+  }
+  return out;
 }
 
 }  // namespace cohort::server

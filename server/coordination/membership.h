@@ -40,6 +40,42 @@ struct MembershipStats {
   size_t barrier_waiting = 0;     // Arrivals waiting now.
 };
 
+// A member as Membership::Snapshot shows it.
+struct MemberSnapshot {
+  v1::MemberInfo info;
+  bool alive = false;
+  // Its last event: JOINED or ERROR_REPORTED while alive, else LEFT or
+  // FAILED.
+  v1::MemberEvent::Type last_event = v1::MemberEvent::JOINED;
+  std::string message;  // Why it failed, or the error it reported.
+  // When its lease ends (or ended). Its last renewal (the join, a
+  // heartbeat, or this cohortd's start) was one lease timeout before:
+  // heartbeat_interval_ms * missed_heartbeats.
+  absl::Time lease_end;
+};
+
+// A barrier some participants wait at.
+struct BarrierSnapshot {
+  std::string id;
+  int64_t generation = 0;
+  size_t participants = 0;
+  size_t arrived = 0;  // Participants waiting at it now.
+  // The participants that have not arrived, in name order, as members
+  // (a participant no longer known: its name alone, rank -1).
+  std::vector<v1::MemberInfo> missing;
+  size_t missing_unlisted = 0;  // Left out of `missing` by the bound.
+  absl::Time started;
+  absl::Duration timeout;
+};
+
+struct GroupSnapshot {
+  std::string group;
+  size_t members = 0;  // Every member known: alive, failed or left.
+  size_t alive = 0;
+  std::vector<MemberSnapshot> listed;     // In name order, bounded.
+  std::vector<BarrierSnapshot> barriers;  // Pending ones, by id.
+};
+
 class Membership {
  public:
   using BarrierId = uint64_t;
@@ -80,6 +116,16 @@ class Membership {
   // Counts for monitoring; O(1) (kept as members and arrivals change).
   MembershipStats stats();
 
+  // The groups that have members (alive, failed or left), in name order.
+  std::vector<std::string> GroupNames();
+  // `group` now (cohortd's status page): its first `max_listed` members in
+  // name order and its pending barriers, each listing at most `max_listed`
+  // missing participants; NOT_FOUND if there is no such group. O(members
+  // + each barrier's participants) under the lock: it copies only what it
+  // lists.
+  absl::StatusOr<GroupSnapshot> Snapshot(const std::string& group,
+                                         size_t max_listed);
+
  private:
   // Costs, so that a group of N members scales: Join, Heartbeat, Leave and
   // each barrier arrival take O(log N) time and at most two store writes
@@ -91,6 +137,9 @@ class Membership {
     v1::MemberInfo info;
     absl::Time deadline;
     bool alive = true;  // False once failed or left (kept to name it).
+    // Its last recorded event, and that event's message.
+    v1::MemberEvent::Type last_event = v1::MemberEvent::JOINED;
+    std::string message;
   };
   struct Arrival {
     std::string name;
@@ -105,6 +154,7 @@ class Membership {
     absl::flat_hash_map<BarrierId, Arrival> arrived;
     absl::flat_hash_map<std::string, int> here;  // Arrivals per name.
     base::DeadlineTimer::TimerId timer = 0;
+    absl::Time started;
     absl::Duration timeout;
   };
   struct Group {
@@ -131,7 +181,8 @@ class Membership {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static const std::string* GoneParticipantLocked(
       const Group& group, const PendingBarrier& barrier);
-  // Writes `member`'s record with event `type` (and `message`).
+  // Writes `member`'s record with event `type` (and `message`), and notes
+  // the event on its Live (if that incarnation is known).
   absl::Status RecordLocked(const std::string& group,
                             const v1::MemberInfo& member,
                             v1::MemberEvent::Type type,

@@ -292,6 +292,87 @@ TEST_F(MembershipTest, MembersSurviveARestartWithGrace) {
   EXPECT_EQ(live->members(0).host(), "host-a");
 }
 
+TEST_F(MembershipTest, SnapshotShowsMembersEventsAndMissingParticipants) {
+  const int64_t a = Join("a", 0);
+  const int64_t b = Join("b", 1);
+  const int64_t c = Join("c", 2);
+  Join("d", 3);
+  v1::LeaveGroupRequest leave;
+  leave.set_group("job");
+  leave.set_name("d");
+  leave.set_incarnation(
+      members_.Snapshot("job", 10)->listed[3].info.incarnation());
+  ASSERT_TRUE(members_.Leave(leave).ok());
+  v1::ReportErrorRequest error;
+  error.set_group("job");
+  error.set_name("c");
+  error.set_incarnation(c);
+  error.set_message("disk full");
+  ASSERT_TRUE(members_.ReportError(error).ok());
+  const absl::Time before = absl::Now();
+  Arrive("a", a, "init", kLongMs, {"a", "b", "c"});
+  Arrive("b", b, "init", kLongMs, {"a", "b", "c"});
+  EXPECT_THAT(members_.GroupNames(), ::testing::ElementsAre("job"));
+
+  absl::StatusOr<GroupSnapshot> snap = members_.Snapshot("job", 10);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ(snap->members, 4u);
+  EXPECT_EQ(snap->alive, 3u);
+  ASSERT_EQ(snap->listed.size(), 4u);
+  EXPECT_EQ(snap->listed[0].info.incarnation(), a);
+  EXPECT_TRUE(snap->listed[0].alive);
+  EXPECT_EQ(snap->listed[0].last_event, v1::MemberEvent::JOINED);
+  EXPECT_GT(snap->listed[0].lease_end, before);
+  EXPECT_TRUE(snap->listed[2].alive);
+  EXPECT_EQ(snap->listed[2].last_event, v1::MemberEvent::ERROR_REPORTED);
+  EXPECT_EQ(snap->listed[2].message, "disk full");
+  EXPECT_FALSE(snap->listed[3].alive);
+  EXPECT_EQ(snap->listed[3].last_event, v1::MemberEvent::LEFT);
+  ASSERT_EQ(snap->barriers.size(), 1u);
+  const BarrierSnapshot& init = snap->barriers[0];
+  EXPECT_EQ(init.id, "init");
+  EXPECT_EQ(init.participants, 3u);
+  EXPECT_EQ(init.arrived, 2u);
+  ASSERT_EQ(init.missing.size(), 1u);
+  EXPECT_EQ(init.missing[0].name(), "c");
+  EXPECT_EQ(init.missing[0].rank(), 2);
+  EXPECT_EQ(init.missing[0].host(), "host-c");
+  EXPECT_GE(init.started, before);
+  EXPECT_EQ(init.timeout, absl::Milliseconds(kLongMs));
+
+  // The bound: one member listed, one missing participant named.
+  snap = members_.Snapshot("job", 1);
+  ASSERT_TRUE(snap.ok());
+  EXPECT_EQ(snap->members, 4u);
+  EXPECT_EQ(snap->listed.size(), 1u);
+  EXPECT_EQ(snap->barriers[0].missing.size(), 1u);
+  EXPECT_EQ(snap->barriers[0].missing_unlisted, 0u);
+  snap = members_.Snapshot("job", 0);
+  EXPECT_EQ(snap->barriers[0].missing_unlisted, 1u);
+  EXPECT_EQ(members_.Snapshot("nope", 10).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(MembershipTest, SnapshotShowsWhyAMemberFailed) {
+  Join("a", 0, 20);
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  absl::StatusOr<GroupSnapshot> snap = members_.Snapshot("job", 10);
+  while (snap->listed[0].alive && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+    snap = members_.Snapshot("job", 10);
+  }
+  EXPECT_FALSE(snap->listed[0].alive);
+  EXPECT_EQ(snap->listed[0].last_event, v1::MemberEvent::FAILED);
+  EXPECT_THAT(snap->listed[0].message, HasSubstr("no heartbeat for 60ms"));
+  // A restart keeps the event.
+  Membership reloaded(&store_, absl::Milliseconds(10));
+  snap = reloaded.Snapshot("job", 10);
+  ASSERT_TRUE(snap.ok());
+  EXPECT_FALSE(snap->listed[0].alive);
+  EXPECT_EQ(snap->listed[0].last_event, v1::MemberEvent::FAILED);
+  EXPECT_THAT(snap->listed[0].message, HasSubstr("no heartbeat"));
+}
+
 // The store work of each membership operation, per member, in a group of
 // `n`: what must not grow with n for a coordinator to scale.
 struct WorkPerMember {

@@ -600,4 +600,12 @@ RendezvousStats Rendezvous::stats() {
   return stats;
 }
 
+std::vector<std::string> Rendezvous::RunIds() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> ids;
+  ids.reserve(runs_.size());
+  for (const auto& [id, run] : runs_) ids.push_back(id);
+  return ids;
+}
+
 }  // namespace cohort::server

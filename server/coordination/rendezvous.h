@@ -95,6 +95,10 @@ class Rendezvous {
 
   absl::Status CloseRun(const std::string& run_id);
 
+  // The ids of the runs known (recorded or collecting), in order: what
+  // cohortd's status page lists. O(runs).
+  std::vector<std::string> RunIds();
+
   // Fails every pending join with `status`, and later ones at once.
   void Shutdown(absl::Status status);
 

@@ -146,6 +146,17 @@ TEST_F(RendezvousTest, ClosedRunRejectsJoins) {
   EXPECT_THAT(late.result.status().message(), HasSubstr("closed"));
 }
 
+TEST_F(RendezvousTest, RunIdsListsRecordedAndCollectingRuns) {
+  EXPECT_TRUE(rdzv_.RunIds().empty());
+  Join(Request("a", 1, 1));
+  v1::JoinRequest other = Request("x", 2, 2);
+  other.set_run_id("another");
+  Join(other);
+  EXPECT_THAT(rdzv_.RunIds(), ::testing::ElementsAre("another", "job"));
+  Rendezvous reloaded(&store_);
+  EXPECT_THAT(reloaded.RunIds(), ::testing::ElementsAre("job"));
+}
+
 TEST_F(RendezvousTest, BadRequestsAndConfigMismatch) {
   EXPECT_EQ(Join(Request("", 1, 1)).result.status().code(),
             absl::StatusCode::kInvalidArgument);
