@@ -17,8 +17,12 @@ packages=(
 )
 # prometheus-cpp: cohortd's /metrics (--metrics_listen); prometheus brings
 # promtool, which lints a live scrape in tests/interop/promtool_test.sh.
+# civetweb: the HTTP server on that port (/metrics and the status page).
 # OpenSSL: checking certificates at start and hashing tokens.
-packages+=(prometheus-cpp-dev prometheus libssl-dev openssl)
+packages+=(prometheus-cpp-dev prometheus libcivetweb-dev libssl-dev openssl)
+# chromium: the browser tests/interop/status_page_test.sh drives through
+# playwright-core (npm, below) to look at cohortd's status page.
+packages+=(chromium)
 # PyTorch 1.13 (run as /usr/bin/python3): the real TCPStore client, DDP and
 # torchrun that the interop tests drive against cohortd, and the baselines
 # the benchmarks compare with.
@@ -92,6 +96,15 @@ if [[ "$("$tools/node_modules/.bin/buf" --version 2>/dev/null)" != "$buf_version
   "${sudo_cmd[@]}" mkdir -p "$tools"
   "${sudo_cmd[@]}" npm install --prefix "$tools" --no-audit --no-fund --silent \
     "@bufbuild/buf@$buf_version" >/dev/null
+fi
+# playwright-core (npm; it downloads no browser of its own): drives Debian's
+# chromium in tests/interop/status_page_test.sh. Pinned, beside buf.
+playwright_version=1.65.1
+if [[ "$(node -p "require('$tools/node_modules/playwright-core/package.json').version" 2>/dev/null)" != "$playwright_version" ]]; then
+  echo "setup: installing playwright-core $playwright_version into $tools"
+  "${sudo_cmd[@]}" mkdir -p "$tools"
+  "${sudo_cmd[@]}" npm install --prefix "$tools" --no-audit --no-fund --silent \
+    "playwright-core@$playwright_version" >/dev/null
 fi
 # etcd's v3 API protos, from Debian's golang-etcd-server-dev and the two
 # packages its protos import (file-level gogo options and HTTP

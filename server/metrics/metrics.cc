@@ -1,6 +1,6 @@
 #include "server/metrics/metrics.h"
 
-#include <arpa/inet.h>
+#include <zlib.h>
 
 #include <array>
 #include <atomic>
@@ -15,13 +15,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "base/net.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/support/interceptor.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/histogram.h"
 #include "prometheus/metric_family.h"
+#include "prometheus/summary.h"
 #include "prometheus/text_serializer.h"
 #include "server/auth/auth.h"
 #include "server/auth/quota.h"
@@ -130,34 +129,6 @@ MetricFamily CounterOf(std::string name, std::string help, double value) {
       NewFamily(std::move(name), std::move(help), MetricType::Counter);
   AddValue(f, value);
   return f;
-}
-
-// "HOST:PORT" in a form civetweb takes ("IPv4:PORT" or "[IPv6]:PORT"), or
-// INVALID_ARGUMENT. civetweb would read other forms (a bare port, several
-// comma-separated, an "s" suffix for TLS) as more than one address means.
-absl::StatusOr<std::string> CivetAddress(const std::string& address) {
-  auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad --metrics_listen address '", address, "': ", why,
-                     " (want HOST:PORT, [IPv6]:PORT or :PORT)"));
-  };
-  const base::HostPortRules rules = {.allow_empty_host = true,
-                                     .allow_port_zero = true,
-                                     .allow_bare_ipv6 = false};
-  absl::StatusOr<base::HostPort> where = base::SplitHostPort(address, rules);
-  if (!where.ok()) return bad(base::HostPortProblem(address, rules));
-  std::string host = where->host;
-  if (host.empty()) host = "0.0.0.0";
-  if (host == "localhost") host = "127.0.0.1";
-  unsigned char buf[16];
-  if (absl::StrContains(host, ':')) {
-    if (inet_pton(AF_INET6, host.c_str(), buf) != 1) {
-      return bad("not an IPv6 address");
-    }
-  } else if (inet_pton(AF_INET, host.c_str(), buf) != 1) {
-    return bad("the host must be an IP address or localhost");
-  }
-  return base::JoinHostPort(host, where->port);
 }
 
 }  // namespace
@@ -492,31 +463,49 @@ class Metrics::GrpcInterceptorFactory final
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       families_(std::make_unique<Families>(*registry_)),
-      state_(std::make_shared<StateCollector>()) {}
+      state_(std::make_shared<StateCollector>()),
+      scrape_registry_(std::make_shared<prometheus::Registry>()) {
+  // The names and help prometheus-cpp's exposer gave them.
+  scrape_bytes_ = &prometheus::BuildCounter()
+                       .Name("exposer_transferred_bytes_total")
+                       .Help("Transferred bytes to metrics services")
+                       .Register(*scrape_registry_)
+                       .Add({});
+  scrapes_ = &prometheus::BuildCounter()
+                  .Name("exposer_scrapes_total")
+                  .Help("Number of times metrics were scraped")
+                  .Register(*scrape_registry_)
+                  .Add({});
+  scrape_latency_ =
+      &prometheus::BuildSummary()
+           .Name("exposer_request_latencies")
+           .Help("Latencies of serving scrape requests, in microseconds")
+           .Register(*scrape_registry_)
+           .Add({}, prometheus::Summary::Quantiles{
+                        {0.5, 0.05}, {0.9, 0.01}, {0.99, 0.001}});
+}
 
 Metrics::~Metrics() { StopServing(); }
 
-absl::Status Metrics::Serve(const std::string& address) {
-  absl::StatusOr<std::string> civet = CivetAddress(address);
-  if (!civet.ok()) return civet.status();
-  try {
-    // Two threads: a scrape is short, and a second scraper (or a stuck
-    // one) does not hold up the first.
-    exposer_ = std::make_unique<prometheus::Exposer>(*civet, 2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", address, ": ", e.what(),
-                     " (is the port in use, or the address not this "
-                     "machine's?)"));
+absl::Status Metrics::Serve(const std::string& address,
+                            std::vector<HttpRoute> more_routes) {
+  HttpServerOptions options;
+  options.routes.push_back(
+      {"/metrics", [this](const HttpRequest& r) { return ServeScrape(r); }});
+  for (HttpRoute& route : more_routes) {
+    options.routes.push_back(std::move(route));
   }
-  const std::vector<int> ports = exposer_->GetListeningPorts();
-  port_ = ports.empty() ? 0 : ports.front();
-  exposer_->RegisterCollectable(registry_);
-  exposer_->RegisterCollectable(state_);
+  absl::StatusOr<std::unique_ptr<HttpServer>> http =
+      HttpServer::Start(address, std::move(options));
+  if (!http.ok()) return http.status();
+  http_ = std::move(*http);
+  port_ = http_->port();
   return absl::OkStatus();
 }
 
-void Metrics::StopServing() { exposer_.reset(); }
+void Metrics::StopServing() {
+  if (http_ != nullptr) http_->Stop();
+}
 
 void Metrics::Track(const MetricsSources& sources) { state_->Set(sources); }
 
@@ -560,6 +549,52 @@ std::string Metrics::Scrape() const {
   std::vector<MetricFamily> families = registry_->Collect();
   for (MetricFamily& f : state_->Collect()) families.push_back(std::move(f));
   return prometheus::TextSerializer().Serialize(families);
+}
+
+namespace {
+
+// `text` as a gzip stream, or "" if zlib fails.
+std::string Gzip(const std::string& text) {
+  z_stream zs = {};
+  // 15 + 16: the largest window, with a gzip header and trailer.
+  if (deflateInit2(&zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8,
+                   Z_DEFAULT_STRATEGY) != Z_OK) {
+    return "";
+  }
+  std::string out(deflateBound(&zs, text.size()), '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
+  zs.avail_in = static_cast<uInt>(text.size());
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = static_cast<uInt>(out.size());
+  const int result = deflate(&zs, Z_FINISH);
+  out.resize(zs.total_out);
+  deflateEnd(&zs);
+  return result == Z_STREAM_END ? out : "";
+}
+
+}  // namespace
+
+// As prometheus-cpp's exposer served it: its own three families first,
+// then the text, gzipped when the scraper accepts it.
+HttpResponse Metrics::ServeScrape(const HttpRequest& request) {
+  const absl::Time start = absl::Now();
+  std::vector<MetricFamily> families = scrape_registry_->Collect();
+  for (MetricFamily& f : registry_->Collect()) families.push_back(std::move(f));
+  for (MetricFamily& f : state_->Collect()) families.push_back(std::move(f));
+  HttpResponse response;
+  response.body = prometheus::TextSerializer().Serialize(families);
+  if (absl::StrContains(request.Header("Accept-Encoding"), "gzip")) {
+    std::string compressed = Gzip(response.body);
+    if (!compressed.empty()) {
+      response.headers.emplace_back("Content-Encoding", "gzip");
+      response.body = std::move(compressed);
+    }
+  }
+  scrape_latency_->Observe(
+      static_cast<double>(absl::ToInt64Microseconds(absl::Now() - start)));
+  scrape_bytes_->Increment(static_cast<double>(response.body.size()));
+  scrapes_->Increment();
+  return response;
 }
 
 }  // namespace cohort::server

@@ -1,5 +1,6 @@
 // Metrics: cohortd's Prometheus metrics (prometheus-cpp), served as text at
-// http://HOST:PORT/metrics when cohortd runs with --metrics_listen.
+// http://HOST:PORT/metrics when cohortd runs with --metrics_listen (on an
+// HttpServer, which serves the status page beside it).
 //
 // Two kinds, both under the `cohort_` prefix:
 //  - events, counted where they happen: gRPC calls (an interceptor, see
@@ -19,17 +20,17 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "grpcpp/support/server_interceptor.h"
+#include "prometheus/counter.h"
 #include "prometheus/registry.h"
+#include "prometheus/summary.h"
 #include "proto/tcpstore/wire.h"
+#include "server/http/http_server.h"
 #include "server/tcpstore/tcpstore_server.h"
-
-namespace prometheus {
-class Exposer;
-}
 
 namespace cohort::store {
 class KvStore;
@@ -68,17 +69,24 @@ class Metrics {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
-  // Serves /metrics over HTTP on `address`: "HOST:PORT" with HOST an IPv4
-  // address, "[IPv6]:PORT", "localhost:PORT", or ":PORT" for every IPv4
-  // interface; port 0 picks a free one (see port()). INVALID_ARGUMENT
-  // naming the address if it does not parse; UNAVAILABLE naming it if it
-  // cannot be bound (in use, not local). Call once.
-  absl::Status Serve(const std::string& address);
+  // Serves /metrics over HTTP on `address`, and `more_routes` beside it:
+  // "HOST:PORT" with HOST an IPv4 address, "[IPv6]:PORT", "localhost:PORT",
+  // or ":PORT" for every IPv4 interface; port 0 picks a free one (see
+  // port()). INVALID_ARGUMENT naming the address if it does not parse;
+  // UNAVAILABLE naming it if it cannot be bound (in use, not local). Call
+  // once.
+  //
+  // /metrics answers as prometheus-cpp's exposer did: the text format,
+  // gzipped for a scraper that accepts gzip, after the exposer's own
+  // families (exposer_scrapes_total, exposer_transferred_bytes_total,
+  // exposer_request_latencies).
+  absl::Status Serve(const std::string& address,
+                     std::vector<HttpRoute> more_routes = {});
 
   // The port served on (0 before Serve).
   int port() const { return port_; }
 
-  // Stops the HTTP server, waiting for a scrape in progress. Idempotent.
+  // Stops the HTTP server, waiting for a request in progress. Idempotent.
   void StopServing();
 
   // Where event families are kept: add yours with prometheus::BuildCounter()
@@ -115,10 +123,18 @@ class Metrics {
   class GrpcInterceptorFactory;
   struct Families;
 
+  // GET /metrics.
+  HttpResponse ServeScrape(const HttpRequest& request);
+
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Families> families_;
   std::shared_ptr<StateCollector> state_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  // The scrapes themselves, served before the rest (as the exposer did).
+  std::shared_ptr<prometheus::Registry> scrape_registry_;
+  prometheus::Counter* scrape_bytes_ = nullptr;
+  prometheus::Counter* scrapes_ = nullptr;
+  prometheus::Summary* scrape_latency_ = nullptr;
+  std::unique_ptr<HttpServer> http_;
   int port_ = 0;
 };
 
