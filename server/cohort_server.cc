@@ -164,7 +164,10 @@ absl::Status CohortServer::StartMetrics(const ServerOptions& options,
                                         grpc::ServerBuilder& builder) {
   if (options.metrics_listen.empty()) return absl::OkStatus();
   metrics_ = std::make_unique<Metrics>();
-  if (absl::Status s = metrics_->Serve(options.metrics_listen); !s.ok()) {
+  status_page_ = std::make_unique<StatusPage>();
+  if (absl::Status s =
+          metrics_->Serve(options.metrics_listen, status_page_->Routes());
+      !s.ok()) {
     return s;
   }
   std::vector<
@@ -298,6 +301,10 @@ void CohortServer::TrackMetrics(const Coordination& state) {
                    .watches = &watch_gauges_,
                    .auth = auth_.get(),
                    .quotas = quotas_.get()});
+  status_page_->Track({.store = store_.get(),
+                       .auth = auth_.get(),
+                       .rendezvous = state.rendezvous,
+                       .membership = state.membership});
 }
 
 void CohortServer::StartElection(const ServerOptions& options) {

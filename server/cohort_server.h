@@ -29,6 +29,7 @@
 #include "server/rpc/reactors.h"
 #include "server/rpc/store_service.h"
 #include "server/rpc/tls.h"
+#include "server/status/status_page.h"
 #include "server/tcpstore/tcpstore_server.h"
 #include "store/kv_store.h"
 
@@ -56,7 +57,9 @@ struct ServerOptions {
   // the strength of tcpstore_allow and tcpstore_prefix alone.
   bool tcpstore_require_token = true;
   // HOST:PORT (or :PORT) to serve Prometheus metrics on, at /metrics
-  // (metrics.h); port 0 picks a free one (see metrics_port()). Empty: off.
+  // (metrics.h), and the status page beside them, at / and /api/status
+  // (status_page.h); port 0 picks a free one (see metrics_port()). Empty:
+  // neither.
   std::string metrics_listen;
   StoreServiceOptions store_service;
   // The storage engine's name for GetServerInfo ("rocksdb", "memory",
@@ -188,8 +191,8 @@ class CohortServer {
                             grpc::ServerBuilder& builder);
   absl::Status StartHealthListener(const ServerOptions& options);
   absl::Status StartTcpStore(const ServerOptions& options);
-  // Points metrics at the sources it reads at scrape, `state` (empty on a
-  // follower) for rendezvous and membership.
+  // Points metrics and the status page at the sources they read at each
+  // request, `state` (empty on a follower) for rendezvous and membership.
   void TrackMetrics(const Coordination& state);
   void StartElection(const ServerOptions& options);
   // Health from the store's writability now, then every `interval`.
@@ -209,6 +212,8 @@ class CohortServer {
   // interceptors and the TCPStore listener report to them until the end.
   WatchGauges watch_gauges_;
   std::unique_ptr<Quotas> quotas_;
+  // Before metrics_, whose HTTP server serves its routes.
+  std::unique_ptr<StatusPage> status_page_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<store::KvStore> store_;
   // Builds the state machines from the store and leads.

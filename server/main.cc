@@ -95,8 +95,8 @@ ABSL_FLAG(bool, tcpstore_require_token, true,
           "--tcpstore_prefix alone");
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT (or :PORT for every interface) to serve Prometheus "
-          "metrics on, at /metrics; port 0 picks a free one; empty turns "
-          "them off");
+          "metrics on, at /metrics, and the live status page, at / (JSON "
+          "at /api/status); port 0 picks a free one; empty turns both off");
 ABSL_FLAG(std::string, data_dir, "./cohort-data",
           "folder holding the RocksDB database (--engine=rocksdb)");
 ABSL_FLAG(std::string, engine, "rocksdb",
@@ -547,6 +547,11 @@ void LogServing(const cohort::server::CohortServer& server,
     Log(absl::StrFormat("serving Prometheus metrics on http://%s:%d/metrics",
                         metrics_host.empty() ? "0.0.0.0" : metrics_host,
                         server.metrics_port()));
+    Log(absl::StrFormat(
+        "serving the status page on http://%s:%d/ (JSON at /api/status%s)",
+        metrics_host.empty() ? "0.0.0.0" : metrics_host, server.metrics_port(),
+        options.auth_tokens.empty() ? ""
+                                    : "; needs an admin's or a run's token"));
   }
 }
 

@@ -4,8 +4,10 @@
 #   server -> store -> base      client -> proto -> base
 #   server -> proto              worker -> client
 #   store -> proto (the c10d rules only)
-# and inside server/: rpc, tcpstore and metrics over coordination and auth;
-# coordination, store/, base/ and the data plane never reach gRPC.
+# and inside server/: rpc, tcpstore, metrics and status over coordination
+# and auth; http (the metrics port's server) under metrics and status,
+# reaching no other room; coordination, store/, base/ and the data plane
+# never reach gRPC.
 # and inside worker/: checkpoint -> parallel -> collective, torch -> collective/init ->
 # {gloo, nccl} -> collective; launch stands alone.
 #
@@ -61,6 +63,17 @@ done
 for room in //worker/collective/... //worker/parallel/...; do
   no_path //worker/launch/... "$room"
 done
+
+# server/http carries /metrics and the status page and knows neither;
+# the state machines reach neither; metrics and status stand apart.
+for room in //server/coordination/... //server/auth/... //server/rpc/... \
+  //server/tcpstore/... //server/metrics/... //server/status/...; do
+  no_path //server/http/... "$room"
+done
+no_path //server/coordination/... //server/http/...
+no_path //server/coordination/... //server/status/...
+no_path //server/metrics/... //server/status/...
+no_path //server/status/... //server/metrics/...
 
 # worker/collective: the API and engine reach no backend and not the
 # factory; the backends reach neither the factory (no package cycle) nor
@@ -152,6 +165,11 @@ probe server/coordination //server/rpc:coordination_slot no
 probe server/tcpstore //server/rpc:store_service no
 probe worker/collective //third_party:grpc no
 probe worker/launch //third_party:grpc no
+probe server/coordination //server/status:status_page no
+probe server/metrics //server/status:status_page no
+probe server/http //server/metrics:metrics no
+probe server/status //server/http:http_server yes
+probe server/coordination //third_party:civetweb no
 probe server/rpc //third_party:grpc yes
 probe server/rpc //server/coordination:membership yes
 probe worker/torch //worker/collective/gloo:gloo_process_group no

@@ -90,8 +90,10 @@ bool Eventually(Metrics* metrics,
   return false;
 }
 
-// GET /metrics over HTTP/1.0; the whole response.
-std::string HttpGet(int port, const std::string& path) {
+// GET `path` over HTTP/1.0, with `headers` (each ending in CRLF); the
+// whole response.
+std::string HttpGet(int port, const std::string& path,
+                    const std::string& headers = "") {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in addr = {};
   addr.sin_family = AF_INET;
@@ -101,7 +103,7 @@ std::string HttpGet(int port, const std::string& path) {
   if (connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) ==
       0) {
     const std::string request =
-        "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+        "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n" + headers + "\r\n";
     (void)!write(fd, request.data(), request.size());
     char buf[65536];
     for (;;) {
@@ -394,6 +396,46 @@ TEST_F(MetricsServerTest, ServedOverHttp) {
   EXPECT_EQ(Value(text, "cohort_store_keys"), 1);
   EXPECT_NE(text.find("# TYPE cohort_store_wal_sync_seconds histogram"),
             std::string::npos);
+}
+
+// As prometheus-cpp's exposer served it: its own families first, and the
+// text gzipped for a scraper that accepts gzip.
+TEST_F(MetricsServerTest, ServesTheExposersFamiliesAndGzip) {
+  std::string response = HttpGet(server_->metrics_port(), "/metrics");
+  const std::string text = response.substr(response.find("\r\n\r\n") + 4);
+  EXPECT_EQ(text.rfind("# HELP exposer_transferred_bytes_total", 0), 0u)
+      << text.substr(0, 200);
+  EXPECT_EQ(Value(text, "exposer_scrapes_total"), 0);
+  response =
+      HttpGet(server_->metrics_port(), "/metrics", "Accept-Encoding: gzip\r\n");
+  EXPECT_NE(response.find("Content-Encoding: gzip\r\n"), std::string::npos)
+      << response.substr(0, 200);
+  const std::string body = response.substr(response.find("\r\n\r\n") + 4);
+  ASSERT_GE(body.size(), 2u);
+  EXPECT_EQ(body.substr(0, 2), "\x1f\x8b");  // gzip's magic.
+  const std::string third = HttpGet(server_->metrics_port(), "/metrics");
+  EXPECT_EQ(
+      Value(third.substr(third.find("\r\n\r\n") + 4), "exposer_scrapes_total"),
+      2);
+}
+
+// The status page shares the port: its page and API, and errors for the
+// rest.
+TEST_F(MetricsServerTest, ServesTheStatusPageBeside) {
+  ASSERT_TRUE(Set("k", "v").ok());
+  std::string response = HttpGet(server_->metrics_port(), "/");
+  EXPECT_NE(response.find("200 OK"), std::string::npos);
+  EXPECT_NE(response.find("Content-Type: text/html"), std::string::npos);
+  response = HttpGet(server_->metrics_port(), "/api/status");
+  EXPECT_NE(response.find("200 OK"), std::string::npos) << response;
+  EXPECT_NE(response.find("\"revision\":1,"), std::string::npos) << response;
+  response = HttpGet(server_->metrics_port(), "/api/status?run=nope");
+  EXPECT_NE(response.find("404 Not Found"), std::string::npos) << response;
+  response = HttpGet(server_->metrics_port(), "/nope");
+  EXPECT_NE(response.find("404 Not Found"), std::string::npos) << response;
+  EXPECT_NE(response.find("it serves /metrics, /, /status.js"),
+            std::string::npos)
+      << response;
 }
 
 TEST(MetricsTest, BusyOrBadAddressFailsNamingIt) {
