@@ -142,15 +142,24 @@ void FindMismatch(const std::vector<RankView>& views, const std::string& group,
   }
 }
 
-// Ranks inside an op that other ranks have not entered.
+// Ranks inside an op that other ranks have not entered, or (when no op is
+// running any more) ranks whose op failed, a timeout typically, while
+// others never entered it.
 void FindHang(const std::vector<RankView>& views, const std::string& group,
               const std::vector<int>& silent,
               const std::map<int, Liveness>& liveness,
               std::vector<Finding>& findings) {
+  std::string state = "running";
   const FlightOp* stuck = nullptr;
-  for (const RankView& v : views) {
-    if (v.current == nullptr || v.current->state() != "running") continue;
-    if (stuck == nullptr || v.current->seq() > stuck->seq()) stuck = v.current;
+  for (const std::string s : {"running", "failed"}) {
+    for (const RankView& v : views) {
+      if (v.current == nullptr || v.current->state() != s) continue;
+      if (stuck == nullptr || v.current->seq() > stuck->seq()) {
+        stuck = v.current;
+      }
+    }
+    state = s;
+    if (stuck != nullptr) break;
   }
   if (stuck == nullptr) return;
   const uint64_t seq = stuck->seq();
@@ -160,11 +169,13 @@ void FindHang(const std::vector<RankView>& views, const std::string& group,
   std::vector<int> culprits;
   for (const RankView& v : views) {
     const FlightOp* c = v.current;
-    if (c != nullptr && c->seq() == seq && c->state() == "running") {
+    if (c != nullptr && c->seq() == seq && c->state() == state) {
       inside.push_back(v.rank);
       if (since == 0 || c->started_us() < since) since = c->started_us();
       continue;
     }
+    // Done with it already (a root can finish a Broadcast first).
+    if (v.last_done >= static_cast<int64_t>(seq)) continue;
     culprits.push_back(v.rank);
     const std::string note = LivenessNote(liveness, v.rank);
     if (c == nullptr || c->seq() > seq) {
@@ -184,14 +195,23 @@ void FindHang(const std::vector<RankView>& views, const std::string& group,
     behind.push_back(absl::StrCat("rank ", r, " sent no flight records",
                                   LivenessNote(liveness, r)));
   }
+  // Every rank failed in it: a failure (FindFailures), not a wait.
+  if (state == "failed" && behind.empty()) return;
   Finding f;
   f.kind = Finding::Kind::kHang;
   f.seq = seq;
   std::sort(culprits.begin(), culprits.end());
   f.ranks = culprits;
-  f.sentence = absl::StrCat(Ranks(inside), inside.size() == 1 ? " is" : " are",
-                            " in ", Label(*stuck), " of group ", group, " (",
-                            Arguments(*stuck), ") since ", Clock(since));
+  if (state == "running") {
+    f.sentence =
+        absl::StrCat(Ranks(inside), inside.size() == 1 ? " is" : " are", " in ",
+                     Label(*stuck), " of group ", group, " (",
+                     Arguments(*stuck), ") since ", Clock(since));
+  } else {
+    f.sentence = absl::StrCat(Ranks(inside), " failed in ", Label(*stuck),
+                              " of group ", group, " (", Arguments(*stuck),
+                              "), entered at ", Clock(since));
+  }
   if (behind.empty()) {
     absl::StrAppend(&f.sentence,
                     "; every rank entered it and none has finished it");
@@ -227,12 +247,11 @@ void FindFailures(const std::vector<RankView>& views,
   for (const std::string& label : order) {
     Finding& f = by_op[label];
     const std::string error = std::move(f.sentence);
-    f.sentence =
-        f.ranks.size() == 1
-            ? absl::StrCat("rank ", f.ranks[0], "'s ", label, " failed: ",
-                           error)
-            : absl::StrCat(label, " failed on ", Ranks(f.ranks), "; rank ",
-                           f.ranks[0], "'s error: ", error);
+    f.sentence = f.ranks.size() == 1
+                     ? absl::StrCat("rank ", f.ranks[0], "'s ", label,
+                                    " failed: ", error)
+                     : absl::StrCat(label, " failed on ", Ranks(f.ranks),
+                                    "; rank ", f.ranks[0], "'s error: ", error);
     out.push_back(std::move(f));
   }
 }

@@ -134,6 +134,28 @@ TEST(DiagnoseTest, AFailedOpIsReportedWithItsError) {
             "rank 0");
 }
 
+TEST(DiagnoseTest, RanksThatTimedOutWaitingNameTheRankThatNeverCame) {
+  std::vector<FlightDump> dumps = Ranks(3, 4);
+  for (int r : {0, 2}) {
+    Add(dumps[r], 4, "failed", kT0 + 9000)
+        ->set_error("DEADLINE_EXCEEDED: waited 5 s");
+  }
+  const Diagnosis d = Diagnose(dumps, {});
+  ASSERT_EQ(d.findings.size(), 2u);
+  EXPECT_EQ(d.findings[0].kind, Finding::Kind::kHang);
+  EXPECT_EQ(d.findings[0].ranks, std::vector<int>{1});
+  EXPECT_NE(d.findings[0].sentence.find(
+                "ranks 0,2 failed in AllReduce #4 of group 0 (SUM, f32, "
+                "1048576 elements), entered at "),
+            std::string::npos)
+      << d.findings[0].sentence;
+  EXPECT_NE(d.findings[0].sentence.find(
+                "; rank 1 last completed #3 and has not entered #4"),
+            std::string::npos)
+      << d.findings[0].sentence;
+  EXPECT_EQ(d.findings[1].kind, Finding::Kind::kFailed);
+}
+
 TEST(DiagnoseTest, OneFailedOpOnManyRanksIsOneFinding) {
   std::vector<FlightDump> dumps = Ranks(5, 2);
   for (int r : {0, 1, 2, 4}) {

@@ -2,7 +2,8 @@
 # The flight recorder end to end: real worker processes under cohortrun
 # against one cohortd, one of them misbehaving on cue
 # (tests/testing/flight_worker.cc), and `cohortctl diagnose` naming it:
-#  1. a rank that sleeps before an op: the others wait in it for that rank;
+#  1. a rank that sleeps before an op: the others wait in it for that rank,
+#     and, with a short group timeout, fail in it waiting for that rank;
 #  2. a rank that skips an op and moves on: the others wait at the last op;
 #  3. a rank that issues a Broadcast where the others all-reduce;
 #  4. a rank that all-reduces one element more;
@@ -89,6 +90,14 @@ grep -Eq '^round 0 group 0: ranks 0-3 dumped \(request [0-9]+\)$' "$TMP/sleep.du
   fail "dump: not every rank answered: $(cat "$TMP/sleep.dump")"
 kill "$JOB"
 
+# 1b. Rank 2 sleeps and the group times out after 5 s: the others' op
+# fails, each dumps as it fails, and cohortrun collects rank 2's records
+# before it stops the round.
+job timeout 4 sleep 2 7 --timeout_s=5
+finished timeout "$JOB"
+expect timeout '^ranks 0-1,3 failed in AllReduce #7 of group 0 \(AVG, f32, 4096 elements\), entered at [0-9:]{8}; rank 2 last completed #6 and has not entered #7'
+expect timeout '^AllReduce #7 failed on ranks 0-1,3; rank 0.s error: DEADLINE_EXCEEDED'
+
 # 2. Rank 1 skips op 5 of 12: its ops pair with the others' next ones, so
 # it ends one early and the others wait for it in the last.
 job skip 4 skip 1 5 --steps=12
@@ -167,7 +176,7 @@ rc=$?
 [[ $? == 2 ]] && grep -q -- '--answer_timeout must be > 0' "$TMP/bad.out" ||
   fail "bad timeout: $(cat "$TMP/bad.out")"
 
-for run in sleep skip other count die slow frozen; do
+for run in sleep timeout skip other count die slow frozen; do
   echo "== $run"; cat "$TMP/$run.diag"
 done
 [[ $failures == 0 ]] && echo PASS || { echo "$failures failure(s)"; exit 1; }

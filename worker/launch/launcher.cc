@@ -346,7 +346,7 @@ Launcher::RoundEnd Launcher::RunRound(Round& round, int restart_count) {
       if (exit.ok()) continue;
       // Told before stopping the other workers, so peers stop theirs sooner.
       round.member->ReportError(FailureReport(exit)).IgnoreError();
-      DumpFlightRecords(round, exit.rank);
+      DumpFlightRecords(round, workers, exit.rank);
       workers.Stop(SIGTERM, options_.stop_grace);
       return {RoundEnd::Kind::kWorkerFailed,
               absl::StrCat("rank ", exit.rank, " (local rank ", exit.local_rank,
@@ -365,7 +365,7 @@ Launcher::RoundEnd Launcher::RunRound(Round& round, int restart_count) {
       return {RoundEnd::Kind::kStopped, SignalName(signal), status};
     }
     if (std::optional<std::string> trouble = PeerTrouble(round)) {
-      DumpFlightRecords(round, -1);
+      DumpFlightRecords(round, workers, -1);
       workers.Stop(SIGTERM, options_.stop_grace);
       return {RoundEnd::Kind::kPeerFailed, *trouble};
     }
@@ -383,7 +383,8 @@ Launcher::RoundEnd Launcher::RunRound(Round& round, int restart_count) {
   }
 }
 
-void Launcher::DumpFlightRecords(const Round& round, int exited) {
+void Launcher::DumpFlightRecords(const Round& round, LocalWorkers& workers,
+                                 int exited) {
   if (options_.store == nullptr) return;
   const RendezvousResult& r = round.rendezvous;
   FlightCatalog catalog(options_.store.get(), options_.run_id);
@@ -400,11 +401,19 @@ void Launcher::DumpFlightRecords(const Round& round, int exited) {
   }
   const absl::Time deadline = absl::Now() + options_.flight_dump_wait;
   while (!waiting.empty() && absl::Now() < deadline) {
+    // A worker that has exited will not answer (its exit is reported by
+    // the round's end, which follows).
+    for (const WorkerExit& e : workers.Poll()) waiting.erase(e.rank);
     absl::StatusOr<FlightCatalog::Listing> listing = catalog.List();
     if (!listing.ok()) break;
     for (const v1::FlightDump& d : listing->dumps) {
-      if (d.round() == r.round && d.request() >= *request)
+      // A rank that dumped as its op failed may exit before it can answer:
+      // that dump is its last word.
+      if (d.round() == r.round &&
+          (d.request() >= *request || d.reason() == "failed" ||
+           d.reason() == "timeout")) {
         waiting.erase(d.rank());
+      }
     }
     if (!waiting.empty()) absl::SleepFor(options_.poll_interval);
   }

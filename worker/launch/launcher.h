@@ -99,8 +99,9 @@ struct LauncherOptions {
   // cohortd's store. Before stopping the workers of a round that failed (a
   // worker failed, or a peer node did), the launcher asks every rank of
   // the run for its flight records (client/flight_catalog.h) and waits up
-  // to flight_dump_wait for its own live ranks' answers, so that a
-  // diagnosis sees where they were. Null: no dumps.
+  // to flight_dump_wait for its own ranks' answers (or the dumps they made
+  // as an op failed), so that a diagnosis sees where they were. Null: no
+  // dumps.
   std::shared_ptr<Store> store;
   absl::Duration flight_dump_wait = absl::Seconds(3);
 
@@ -189,9 +190,10 @@ class Launcher {
                                       int store_port) const;
   // The first relevant failure among the peer events received so far.
   std::optional<std::string> PeerTrouble(const Round& round);
-  // Requests flight dumps; waits for those of this node's ranks but
-  // `exited` (options_.store, flight_dump_wait).
-  void DumpFlightRecords(const Round& round, int exited);
+  // Requests flight dumps; waits for those of this node's ranks that still
+  // run (`exited` and those `workers` sees exit are not waited for).
+  void DumpFlightRecords(const Round& round, LocalWorkers& workers,
+                         int exited);
   // Whether nodes wait to join a round that has room for them.
   std::optional<std::string> NodesWaiting(const Round& round);
 
