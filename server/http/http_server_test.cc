@@ -2,42 +2,15 @@
 // same over real connections; query decoding; busy and bad addresses.
 #include "server/http/http_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/testing/http_exchange.h"
 
 namespace cohort::server {
 namespace {
 
-// Sends `request` as it is to 127.0.0.1:port; the whole response.
-std::string Exchange(int port, const std::string& request) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string out;
-  if (connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) ==
-      0) {
-    (void)!write(fd, request.data(), request.size());
-    char buf[65536];
-    for (;;) {
-      struct pollfd p = {fd, POLLIN, 0};
-      if (poll(&p, 1, 10000) <= 0) break;
-      ssize_t n = read(fd, buf, sizeof(buf));
-      if (n <= 0) break;
-      out.append(buf, n);
-    }
-  }
-  close(fd);
-  return out;
-}
+using ::cohort::testing::HttpExchange;
 
 HttpServerOptions EchoRoutes() {
   HttpServerOptions options;
@@ -84,24 +57,24 @@ TEST(HttpServerTest, ServesOverSockets) {
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->port();
   ASSERT_GT(port, 0);
-  std::string response = Exchange(
+  std::string response = HttpExchange(
       port, "GET /echo?x=%41 HTTP/1.1\r\nHost: h\r\nX-Who: you\r\n\r\n");
   EXPECT_EQ(response,
             "HTTP/1.1 200 OK\r\nContent-Type: text/plain; "
             "charset=utf-8\r\nX-Query: x=%41\r\nContent-Length: 3\r\n\r\nyou");
-  response = Exchange(port, "HEAD /teapot HTTP/1.1\r\nHost: h\r\n\r\n");
+  response = HttpExchange(port, "HEAD /teapot HTTP/1.1\r\nHost: h\r\n\r\n");
   EXPECT_EQ(response,
             "HTTP/1.1 418 I am a teapot\r\nContent-Type: "
             "application/json\r\nContent-Length: 2\r\n\r\n");
   // Percent-decoded and cleaned before routing.
-  response = Exchange(port, "GET /x/../%65cho HTTP/1.0\r\n\r\n");
+  response = HttpExchange(port, "GET /x/../%65cho HTTP/1.0\r\n\r\n");
   EXPECT_NE(response.find("200 OK"), std::string::npos) << response;
-  response = Exchange(port, "DELETE /echo HTTP/1.1\r\nHost: h\r\n\r\n");
+  response = HttpExchange(port, "DELETE /echo HTTP/1.1\r\nHost: h\r\n\r\n");
   EXPECT_NE(response.find("405"), std::string::npos) << response;
   EXPECT_NE(response.find("Allow: GET, HEAD"), std::string::npos);
   // Garbage gets an error, and the server goes on serving.
-  Exchange(port, "\x01\x02 nonsense\r\n\r\n");
-  response = Exchange(port, "GET /nope HTTP/1.0\r\n\r\n");
+  HttpExchange(port, "\x01\x02 nonsense\r\n\r\n");
+  response = HttpExchange(port, "GET /nope HTTP/1.0\r\n\r\n");
   EXPECT_NE(response.find("404 Not Found"), std::string::npos) << response;
   (*server)->Stop();
   (*server)->Stop();

@@ -30,11 +30,13 @@
 #include "server/cohort_server.h"
 #include "store/kv_engine.h"
 #include "store/kv_store.h"
+#include "tests/testing/http_exchange.h"
 
 namespace cohort::server {
 namespace {
 
 using Labels = std::map<std::string, std::string>;
+using ::cohort::testing::HttpGet;
 
 // The value of the sample `name` whose labels include `labels`, from a
 // text exposition; nullopt if there is none.
@@ -88,34 +90,6 @@ bool Eventually(Metrics* metrics,
     absl::SleepFor(absl::Milliseconds(10));
   }
   return false;
-}
-
-// GET `path` over HTTP/1.0, with `headers` (each ending in CRLF); the
-// whole response.
-std::string HttpGet(int port, const std::string& path,
-                    const std::string& headers = "") {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string out;
-  if (connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) ==
-      0) {
-    const std::string request =
-        "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n" + headers + "\r\n";
-    (void)!write(fd, request.data(), request.size());
-    char buf[65536];
-    for (;;) {
-      struct pollfd p = {fd, POLLIN, 0};
-      if (poll(&p, 1, 5000) <= 0) break;
-      ssize_t n = read(fd, buf, sizeof(buf));
-      if (n <= 0) break;
-      out.append(buf, n);
-    }
-  }
-  close(fd);
-  return out;
 }
 
 class MetricsServerTest : public ::testing::Test {
