@@ -53,6 +53,7 @@ HttpResponse NotFound(const HttpRequest& request,
                       const std::vector<std::string>& paths) {
   HttpResponse response;
   response.status = 404;
+  response.headers.emplace_back("X-Content-Type-Options", "nosniff");
   response.body = absl::StrCat(
       "no such path '", base::Escape(request.path, 256),
       "' on this server; it serves ", absl::StrJoin(paths, ", "), "\n");
@@ -131,8 +132,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   if (!civet.ok()) return civet.status();
   const std::string threads = std::to_string(std::max(1, options.threads));
   std::unique_ptr<HttpServer> server(new HttpServer(std::move(options)));
-  const char* config[] = {"listening_ports", civet->c_str(), "num_threads",
-                          threads.c_str(), nullptr};
+  // A client that sends nothing for 10 s gives its thread back: a stalled
+  // or hostile one cannot hold the few threads for long.
+  const char* config[] = {"listening_ports",
+                          civet->c_str(),  //
+                          "num_threads",
+                          threads.c_str(),  //
+                          "request_timeout_ms",
+                          "10000",  //
+                          nullptr};
   mg_callbacks callbacks = {};
   callbacks.begin_request = &HttpServer::OnRequest;
   mg_init_data init = {};
@@ -173,6 +181,7 @@ HttpResponse HttpServer::Answer(const HttpRequest& request) const {
     HttpResponse response;
     response.status = 405;
     response.headers.emplace_back("Allow", "GET, HEAD");
+    response.headers.emplace_back("X-Content-Type-Options", "nosniff");
     response.body = absl::StrCat("method '", base::Escape(request.method, 32),
                                  "' is not served here; use GET (or HEAD)\n");
     return response;

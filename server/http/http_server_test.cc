@@ -42,8 +42,9 @@ TEST(HttpServerTest, AnswersRoutesMethodsAndUnknownPaths) {
   post.method = "POST";
   r = (*server)->Answer(post);
   EXPECT_EQ(r.status, 405);
-  ASSERT_EQ(r.headers.size(), 1u);
-  EXPECT_EQ(r.headers[0].second, "GET, HEAD");
+  ASSERT_EQ(r.headers.size(), 2u);
+  EXPECT_EQ(r.headers[0],
+            std::make_pair(std::string("Allow"), std::string("GET, HEAD")));
   HttpRequest missing{.method = "GET", .path = "/nope\n"};
   r = (*server)->Answer(missing);
   EXPECT_EQ(r.status, 404);
