@@ -5,7 +5,7 @@
 # torch2/libcohort_gloo.so, in the runfiles), as a user would: the module's
 # folder on PYTHONPATH, `import cohort_torch`. Fails, not skips, when the venv,
 # its torch or the module is missing.
-# Usage: torch_backend2_test.sh NAME [ARGS...]  (NAME: ops, gloo, ddp)
+# Usage: torch_backend2_test.sh NAME [ARGS...]  (NAME: ops, gloo, ddp, trace)
 set -uo pipefail
 
 name=${1:?usage: torch_backend2_test.sh NAME [ARGS...]}

@@ -66,6 +66,7 @@ def torch_backend_libraries(
             ":torch_work" + suffix,
             "//third_party:absl",
             "//worker/collective:process_group",
+            "//worker/collective/trace:timeline",
             torch,
         ],
     )

@@ -2,11 +2,19 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <optional>
 #include <utility>
 
 #include "ATen/core/grad_mode.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "worker/collective/trace/timeline.h"
 #include "worker/torch/gloo_group.h"
 #include "worker/torch/torch_store.h"
 #include "worker/torch/torch_work.h"
@@ -331,10 +339,81 @@ c10::intrusive_ptr<ProcessGroupCohort> ProcessGroupCohort::Create(
   return c10::make_intrusive<ProcessGroupCohort>(*std::move(group));
 }
 
+namespace {
+
+// The process's timeline (COHORT_TRACE), made with its first group and
+// never destroyed before exit: groups may be destroyed at any point of
+// Python's shutdown, or never.
+struct ProcessTimeline {
+  absl::Mutex mu;
+  std::unique_ptr<Timeline> timeline ABSL_GUARDED_BY(mu);
+  bool failed ABSL_GUARDED_BY(mu) = false;
+  int groups ABSL_GUARDED_BY(mu) = 0;
+};
+
+ProcessTimeline& TheTimeline() {
+  static ProcessTimeline* const timeline = new ProcessTimeline;
+  return *timeline;
+}
+
+// At exit: stops the timeline's thread and writes the file a last time.
+void CloseTimeline() {
+  ProcessTimeline& t = TheTimeline();
+  absl::MutexLock lock(&t.mu);
+  t.timeline.reset();
+}
+
+int EnvInt(const char* name, int otherwise) {
+  const char* text = std::getenv(name);
+  int value = 0;
+  return text != nullptr && absl::SimpleAtoi(text, &value) ? value : otherwise;
+}
+
+// Adds `group`'s ops to the process's timeline when COHORT_TRACE is set;
+// returns its id there, or -1.
+int TraceGroup(const cohort::ProcessGroup& group) {
+  const char* dir = std::getenv(kTraceEnv);
+  if (dir == nullptr || *dir == '\0') return -1;
+  ProcessTimeline& t = TheTimeline();
+  absl::MutexLock lock(&t.mu);
+  if (t.timeline == nullptr) {
+    if (t.failed) return -1;
+    // The job's rank as torchrun, cohortrun and env:// set it.
+    absl::StatusOr<std::unique_ptr<Timeline>> made =
+        Timeline::FromEnvironment(EnvInt("RANK", group.rank()),
+                                  EnvInt("WORLD_SIZE", group.size()), "torch");
+    if (!made.ok()) {
+      t.failed = true;
+      std::fprintf(stderr, "cohort backend: no timeline (%s=%s): %s\n",
+                   kTraceEnv, dir, made.status().ToString().c_str());
+      return -1;
+    }
+    t.timeline = *std::move(made);
+    std::atexit(&CloseTimeline);
+  }
+  return t.timeline->AddGroup(absl::StrCat("pg", t.groups++),
+                              group.flight_recorder(), group.size());
+}
+
+// Writes the group's ops in the file before the group goes.
+void UntraceGroup(int id) {
+  if (id < 0) return;
+  ProcessTimeline& t = TheTimeline();
+  absl::MutexLock lock(&t.mu);
+  if (t.timeline == nullptr) return;
+  t.timeline->RemoveGroup(id);
+  if (absl::Status s = t.timeline->Flush(); !s.ok()) {
+    std::fprintf(stderr, "cohort backend: %s\n", s.ToString().c_str());
+  }
+}
+
+}  // namespace
+
 ProcessGroupCohort::ProcessGroupCohort(
     std::unique_ptr<cohort::ProcessGroup> group)
     : TorchBackend(group->rank(), group->size()), group_(std::move(group)) {
   init();  // torch's usage logging, as its own backends do.
+  trace_id_ = TraceGroup(*group_);
 }
 
 namespace {
@@ -344,7 +423,10 @@ std::atomic<ProcessGroupCohort::WaitHook> wait_hook{nullptr};
 void ProcessGroupCohort::SetWaitHook(WaitHook hook) { wait_hook = hook; }
 
 ProcessGroupCohort::~ProcessGroupCohort() {
-  const std::function<void()> destroy = [this] { group_.reset(); };
+  const std::function<void()> destroy = [this] {
+    UntraceGroup(trace_id_);
+    group_.reset();
+  };
   if (WaitHook hook = wait_hook.load()) {
     hook(destroy);
   } else {

@@ -35,6 +35,15 @@
 // them). On 2.x the backend supports torch's coalescing API: the Work that
 // endCoalescing returns completes when every op issued since
 // startCoalescing has.
+//
+// Timelines: with COHORT_TRACE=DIR the process writes DIR/trace-rank<R>.json
+// (worker/collective/trace/timeline.h; R is $RANK, else the first group's
+// rank), every group of the backend a thread "comm pg<N>" (N counting the
+// groups this process made, in order) with its ops from cohort's flight
+// recorder. Communication only: torch's compute, and the time backward
+// spends waiting for DDP's buckets, happen in torch where the backend cannot
+// see them, so the file has no compute or step spans (docs/debugging.md).
+// Written every 5 s, when a group is destroyed and at exit.
 #ifndef COHORT_WORKER_TORCH_PROCESS_GROUP_COHORT_H_
 #define COHORT_WORKER_TORCH_PROCESS_GROUP_COHORT_H_
 
@@ -211,6 +220,7 @@ class ProcessGroupCohort final : public TorchBackend {
   at::Tensor Flatten(const std::vector<at::Tensor>& tensors);
 
   std::unique_ptr<cohort::ProcessGroup> group_;
+  int trace_id_ = -1;  // The group's in the process's timeline; -1: none.
 
   absl::Mutex staging_mu_;
   at::Tensor staging_ ABSL_GUARDED_BY(staging_mu_);  // bytes (kByte)
