@@ -134,13 +134,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   std::unique_ptr<HttpServer> server(new HttpServer(std::move(options)));
   // A client that sends nothing for 10 s gives its thread back: a stalled
   // or hostile one cannot hold the few threads for long.
-  const char* config[] = {"listening_ports",
-                          civet->c_str(),  //
-                          "num_threads",
-                          threads.c_str(),  //
-                          "request_timeout_ms",
-                          "10000",  //
+  // clang-format off
+  const char* config[] = {"listening_ports", civet->c_str(),
+                          "num_threads", threads.c_str(),
+                          "request_timeout_ms", "10000",
                           nullptr};
+  // clang-format on
   mg_callbacks callbacks = {};
   callbacks.begin_request = &HttpServer::OnRequest;
   mg_init_data init = {};
