@@ -475,11 +475,12 @@ std::string FormatSummary(const TraceSummary& s) {
   }
   absl::StrAppend(
       &out,
-      "\nper op (spans that ended OK, every rank; time is the median span, "
-      "start to end, waits for late peers included; GB/s = 1e9 B/s, as "
-      "nccl-tests):\n",
+      "\nper op (spans that ended OK, every rank; bytes: a rank's buffer, "
+      "the input; time: the median span, start to end, waits for late peers "
+      "included; algbw = size / time, size being bytes, all_gather's x "
+      "ranks; GB/s = 1e9 B/s, as nccl-tests):\n",
       absl::StrFormat("%-14s %-5s %10s %5s %7s %11s %11s %11s %11s\n", "op",
-                      "dtype", "size", "ranks", "calls", "median_us",
+                      "dtype", "bytes", "ranks", "calls", "median_us",
                       "total_ms", "algbw_GB/s", "busbw_GB/s"));
   for (const OpSummary& op : s.ops) {
     auto gbps = [](const std::optional<double>& v) {

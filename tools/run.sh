@@ -4,6 +4,8 @@
 # worker processes, first with DDP and then with FSDP (FULL_SHARD), prints
 # each loss curve and a summary, and shuts cohortd down. Installs and builds
 # what it needs first. Extra arguments go to the trainer (e.g. --steps=200).
+# With COHORT_TRACE=DIR each job also writes its timelines (DIR/ddp.json and
+# DIR/fsdp.json, merged) and the demo prints their summaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
@@ -47,7 +49,10 @@ for mode in ddp fsdp; do
   echo
   echo "== cohortrun: 2 workers, --mode=$mode"
   out="$data_dir/train-$mode.log"
-  if ! "$bin/worker/launch/cohortrun" --coordinator="$addr" --run-id="demo-$mode-$$" \
+  # COHORT_TRACE=DIR: each job's timelines in DIR/<mode>/ (docs/debugging.md).
+  traced=()
+  if [[ -n ${COHORT_TRACE:-} ]]; then traced=(env "COHORT_TRACE=$COHORT_TRACE/$mode"); fi
+  if ! "${traced[@]}" "$bin/worker/launch/cohortrun" --coordinator="$addr" --run-id="demo-$mode-$$" \
     --nnodes=1:1 --nproc-per-node=2 -- \
     "$bin/worker/parallel/examples/train" --mode="$mode" --steps=200 --log_every=20 "$@" \
     2>&1 | tee "$out"; then
@@ -78,6 +83,17 @@ if awk -v a="$ddp_sum" -v b="$fsdp_sum" 'BEGIN { d = a - b; if (d < 0) d = -d; m
 else
   echo "run.sh: DDP and FSDP disagree: param_checksum $ddp_sum vs $fsdp_sum" >&2
   exit 1
+fi
+
+if [[ -n ${COHORT_TRACE:-} ]]; then
+  for mode in ddp fsdp; do
+    "$bin/client/cohortctl" trace merge "$COHORT_TRACE/$mode" -o "$COHORT_TRACE/$mode.json" 2>/dev/null
+    echo
+    echo "== timeline of the $mode job: $COHORT_TRACE/$mode.json (open it in ui.perfetto.dev); cohortctl trace summary, abridged:"
+    # The first line, the mean over steps, and the ops.
+    "$bin/client/cohortctl" trace summary "$COHORT_TRACE/$mode.json" |
+      awk 'NR == 1 || /^ +step +step_ms/ || /^ +mean / { print } /^per op/ { ops = 1 } ops'
+  done
 fi
 
 stop_cohortd
