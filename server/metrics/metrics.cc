@@ -4,7 +4,6 @@
 
 #include <array>
 #include <atomic>
-#include <exception>
 #include <utility>
 #include <vector>
 

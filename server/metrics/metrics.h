@@ -115,7 +115,8 @@ class Metrics {
   // One write-ahead-log sync took `latency` (KvStore::SetSyncObserver).
   void ObserveWalSync(absl::Duration latency);
 
-  // Every metric in Prometheus' text format, as /metrics serves it.
+  // Every metric in Prometheus' text format, as /metrics serves it less
+  // the exposer_* families of the scrapes themselves.
   std::string Scrape() const;
 
  private:
