@@ -3,10 +3,11 @@
 # playwright-core (npm; tools/setup.sh installs both) against live cohortds
 # with a job running: a rendezvous round of two nodes (join_main), four
 # heartbeating member processes (member_main), two of them waiting at a
-# barrier a third never reaches, and two ranks' flight dumps where one
-# never entered the other's op. browser/status_page_test.js asserts what a
-# user sees: the run and its nodes, every member alive, the barrier naming
-# the missing rank, the diagnosis naming the rank behind; then it kill -9s
+# barrier a third never reaches; and a second run, three worker processes
+# under cohortrun, one of which sleeps before an op the others wait in.
+# browser/status_page_test.js asserts what a user sees: the run and its
+# nodes, every member alive, the barrier naming the missing rank, the
+# hung run's diagnosis naming the rank behind; then it kill -9s
 # a member and waits for its row to turn failed. A second cohortd runs
 # with auth: the page asks for a token, and a run's token shows that run
 # alone. Screenshots land in $TEST_UNDECLARED_OUTPUTS_DIR
@@ -18,6 +19,8 @@ COHORTD=server/cohortd
 CTL=client/cohortctl
 MEMBER=tests/testing/member_main
 JOIN=tests/testing/join_main
+RUN=worker/launch/cohortrun
+WORKER=tests/testing/flight_worker
 SCRIPT=tests/interop/browser/status_page_test.js
 TOOLS=/usr/local/lib/cohort-tools
 export PLAYWRIGHT_CORE=${PLAYWRIGHT_CORE:-$TOOLS/node_modules/playwright-core}
@@ -26,7 +29,12 @@ TMP=${TEST_TMPDIR:-$(mktemp -d)}
 export OUT_DIR=${TEST_UNDECLARED_OUTPUTS_DIR:-$TMP/outputs}
 mkdir -p "$OUT_DIR"
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; }
+cleanup() {
+  for p in "${pids[@]}"; do
+    pkill -9 -P "$p" 2>/dev/null  # cohortrun's workers
+    kill -9 "$p" 2>/dev/null
+  done
+}
 trap cleanup EXIT
 
 die() { echo "FAIL: $*"; exit 1; }
@@ -76,17 +84,6 @@ member() {
   wait_for "$TMP/$name.out" joined
 }
 
-# dump RANK NODE OPS: rank RANK's flight dump of group 0 in round 0 of run
-# demo, as a worker's dumper writes it (proto/flight/flight_keys.h).
-dump() {
-  "$CTL" set "runs/demo/flight/dumps/000000000000/0/$1" \
-    "{\"rank\":$1,\"world_size\":2,\"group\":\"0\",\"backend\":\"gloo\",\"run\":\"demo\",\"round\":\"0\",\"node\":\"$2\",\"reason\":\"timeout\",\"recorded\":\"2\",\"ops\":[$3]}" >/dev/null ||
-    die "writing rank $1's flight dump"
-}
-op() {  # SEQ STATE
-  echo "{\"seq\":\"$1\",\"op\":\"AllReduce\",\"dtype\":\"f32\",\"count\":\"1048576\",\"root\":-1,\"enqueued_us\":\"1764000000000000\",\"started_us\":\"1764000000000000\",\"state\":\"$2\"}"
-}
-
 # --- A cohortd without auth, and a job on it.
 start_cohortd "$TMP/open.log"
 export COHORT_ADDR=$ADDR
@@ -106,8 +103,21 @@ member m1 1 host-a "${barrier[@]}"
 member m2 2 host-b
 member m3 3 host-b
 export VICTIM_PID=${pids[-1]}
-dump 0 m0 "$(op 1 done),$(op 2 running)"
-dump 1 m1 "$(op 1 done)"
+# A real job that hangs: three flight_worker ranks under cohortrun, rank 1
+# asleep before its third all-reduce. cohortctl diagnose asks the ranks for
+# their flight records until the hang shows, which leaves them in cohortd
+# for the page.
+"$RUN" --coordinator="$ADDR" --run-id=hang --node-id=node-h \
+  --nproc-per-node=3 --heartbeat-interval=1s -- "$WORKER" --fault=sleep \
+  --fault_rank=1 --fault_step=2 >"$TMP/hang.out" 2>&1 &
+pids+=($!)
+for _ in $(seq 120); do
+  "$CTL" diagnose hang --answer_timeout=5 >"$TMP/hang.diag" 2>&1
+  grep -q 'in AllReduce #2' "$TMP/hang.diag" && break
+  sleep 1
+done
+grep -q 'rank 1 last completed #1 and has not entered #2' "$TMP/hang.diag" ||
+  die "cohortctl diagnose hang: $(cat "$TMP/hang.diag")"
 export OPEN_URL=$STATUS_URL
 
 # --- A cohortd with auth: an admin token and run demo's.

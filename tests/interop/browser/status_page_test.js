@@ -100,10 +100,10 @@ async function openCohortd(browser) {
   const barrier = await text(page, '[data-barrier="init"]');
   check(/2\/3 arrived/.test(barrier), 'barrier init: 2/3 arrived: "' +
         barrier + '"');
-  await waitInPage(page, 'the diagnosis names rank 1 as behind',
+  await waitInPage(page, 'run hang\'s diagnosis names rank 1 as behind',
       () => {
         const hang = document.querySelector(
-            'article[data-run="demo"] [data-kind="hang"]');
+            'article[data-run="hang"] [data-kind="hang"]');
         return hang && hang.textContent.includes(
             'rank 1 last completed #1 and has not entered #2');
       });
@@ -119,7 +119,8 @@ async function openCohortd(browser) {
   const m3 = await text(page, 'tr[data-member="m3"]');
   check(/failed/.test(m3) && /no heartbeat for 600ms/.test(m3),
         'm3\'s row says why: "' + m3 + '"');
-  const alive = await page.$$eval('tr[data-member][data-state="alive"]',
+  const alive = await page.$$eval(
+      'article[data-run="demo"] tr[data-member][data-state="alive"]',
                                   (rows) => rows.map((r) => r.dataset.member));
   check(alive.join(',') === 'm0,m1,m2', 'm0-m2 stay alive: ' + alive);
   const missing = await text(page,
