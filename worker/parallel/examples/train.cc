@@ -19,6 +19,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -27,8 +28,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "base/signals.h"
 #include "client/checkpoint_catalog.h"
 #include "client/file_store.h"
 #include "client/remote_store.h"
@@ -110,6 +113,46 @@ ABSL_FLAG(std::string, params_out, "",
 namespace {
 
 using cohort::examples::TrainConfig;
+
+// With COHORT_TRACE, a stop signal (cohortrun stopping the other workers of
+// a job whose rank failed, or Ctrl-C) first writes the timeline, whose last
+// ops are the ones that explain the stop, then ends the process as the
+// signal would have.
+absl::Mutex timeline_mu;
+cohort::Timeline* stop_timeline ABSL_GUARDED_BY(timeline_mu) = nullptr;
+
+// REQUIRES: no thread started yet (they must inherit the blocked mask).
+void FlushTimelineOnStopSignals() {
+  const sigset_t stop = cohort::base::BlockStopSignals();
+  std::thread([stop] {
+    int signal = 0;
+    if (sigwait(&stop, &signal) != 0) return;
+    {
+      absl::MutexLock lock(&timeline_mu);
+      if (stop_timeline != nullptr) (void)stop_timeline->Flush();
+    }
+    std::signal(signal, SIG_DFL);
+    pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
+    raise(signal);
+  }).detach();
+}
+
+// Offers `timeline` to the stop signals' thread while it lives, and writes
+// it as it goes: a stop signal that comes as the program ends waits for
+// that write (under the lock) instead of ending the process in the middle
+// of the timeline's last one.
+class FlushOnStop {
+ public:
+  explicit FlushOnStop(cohort::Timeline* timeline) {
+    absl::MutexLock lock(&timeline_mu);
+    stop_timeline = timeline;
+  }
+  ~FlushOnStop() {
+    absl::MutexLock lock(&timeline_mu);
+    if (stop_timeline != nullptr) (void)stop_timeline->Flush();
+    stop_timeline = nullptr;
+  }
+};
 using cohort::examples::TrainMode;
 
 absl::StatusOr<std::vector<int>> ParseDims(
@@ -240,7 +283,8 @@ absl::Status Run() {
   config.fsdp_prefetch =
       absl::GetFlag(FLAGS_prefetch) ? absl::GetFlag(FLAGS_fsdp_prefetch) : 0;
 
-  if (absl::GetFlag(FLAGS_resume) && absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+  if (absl::GetFlag(FLAGS_resume) &&
+      absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
     return absl::InvalidArgumentError("--resume needs --checkpoint_dir");
   }
   std::shared_ptr<cohort::ProcessGroup> group;
@@ -267,6 +311,7 @@ absl::Status Run() {
     std::fprintf(stderr, "train: rank %d: writing a timeline to %s\n", rank,
                  (*timeline)->path().c_str());
   }
+  const FlushOnStop flush_on_stop(timeline->get());
   if (lead) {
     std::printf(
         "mode=%s world=%d global_batch=%d steps=%d seed=%llu precision=%s\n",
@@ -277,7 +322,8 @@ absl::Status Run() {
     std::fflush(stdout);
   }
   const char* restarts = std::getenv("COHORT_RESTART_COUNT");
-  const bool first_attempt = restarts == nullptr || std::string(restarts) == "0";
+  const bool first_attempt =
+      restarts == nullptr || std::string(restarts) == "0";
   const int kill_after =
       first_attempt ? absl::GetFlag(FLAGS_fault_kill_after_step) : 0;
   Checkpoints checkpoints;
@@ -293,9 +339,10 @@ absl::Status Run() {
       Train(config, group, [&](int step, float loss) {
         if (step == kill_after && rank == world - 1) {
           const bool node = absl::GetFlag(FLAGS_fault_kill_node);
-          std::fprintf(stderr, "train: rank %d: SIGKILL%s after step %d "
-                       "(--fault_kill_after_step)\n", rank,
-                       node ? " of its node" : "", step);
+          std::fprintf(stderr,
+                       "train: rank %d: SIGKILL%s after step %d "
+                       "(--fault_kill_after_step)\n",
+                       rank, node ? " of its node" : "", step);
           if (node) kill(getppid(), SIGKILL);
           std::raise(SIGKILL);
         }
@@ -305,20 +352,19 @@ absl::Status Run() {
       });
   if (!report.ok()) return report.status();
   if (lead && config.precision == cohort::Precision::kF16) {
-    std::printf("fp16: %zu steps skipped for overflow%s%s, loss scale %g\n",
-                report->skipped_steps.size(),
-                report->skipped_steps.empty() ? "" : ": ",
-                absl::StrJoin(report->skipped_steps, ",").c_str(),
-                report->loss_scale);
+    std::printf(
+        "fp16: %zu steps skipped for overflow%s%s, loss scale %g\n",
+        report->skipped_steps.size(), report->skipped_steps.empty() ? "" : ": ",
+        absl::StrJoin(report->skipped_steps, ",").c_str(), report->loss_scale);
     std::fflush(stdout);
   }
   if (lead && config.checkpoint_writer != nullptr) {
-    std::printf("checkpoints: %d saved (%s), %.3f s of steps spent saving, "
-                "%.3f s writing\n",
-                report->checkpoints_saved,
-                config.checkpoint_async ? "async" : "sync",
-                report->checkpoint_stall_seconds,
-                config.checkpoint_writer->seconds_writing());
+    std::printf(
+        "checkpoints: %d saved (%s), %.3f s of steps spent saving, "
+        "%.3f s writing\n",
+        report->checkpoints_saved, config.checkpoint_async ? "async" : "sync",
+        report->checkpoint_stall_seconds,
+        config.checkpoint_writer->seconds_writing());
     std::fflush(stdout);
   }
   if (lead) {
@@ -354,6 +400,10 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "trains an MLP on a teacher network's outputs; under cohortrun: "
       "cohortrun --nproc-per-node=2 -- train --mode=ddp|fsdp|fsdp_grad_op");
+  if (const char* trace = std::getenv(cohort::kTraceEnv);
+      trace != nullptr && *trace != '\0') {
+    FlushTimelineOnStopSignals();
+  }
   absl::ParseCommandLine(argc, argv);
   absl::Status status = Run();
   if (!status.ok()) {
