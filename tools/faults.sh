@@ -52,6 +52,7 @@ tsan_targets=(
   //worker/collective:process_group_test
   //worker/collective:op_engine_test
   //worker/collective:flight_recorder_test
+  //worker/collective/trace:timeline_threads_test
   //worker/collective/init:flight_dumper_test
   //worker/collective/gloo:gloo_process_group_test
   //worker/collective/gloo:gloo_store_test
