@@ -61,6 +61,9 @@ ABSL_FLAG(bool, verify_ops, true,
           "ProcessGroupOptions::verify_ops: ranks compare each collective "
           "before running it (a round trip per call; the group's default)");
 ABSL_FLAG(int, threads, 2, "ProcessGroupOptions::threads");
+ABSL_FLAG(int, calls, 0,
+          "timed calls per op and size; 0: the torch script's rule "
+          "(max(3, min(200, 64 MiB / bytes)))");
 ABSL_FLAG(int, flight_records, 2000,
           "ProcessGroupOptions::flight_records: ops the flight recorder "
           "keeps; 0 records none (bench/flight_recorder_overhead.sh)");
@@ -81,6 +84,7 @@ struct Config {
   bool verify_ops;
   int threads;
   int flight_records;
+  int calls;
   bool shared_memory;
   int hosts;  // Simulated hosts; 1: the real one.
   size_t shm_slot_bytes;
@@ -188,8 +192,11 @@ absl::Status RunRank(const Config& config, int rank) {
   for (const std::string& op : config.ops) {
     for (size_t bytes : config.sizes) {
       Case c(**group, op, bytes);
-      const int iters = static_cast<int>(std::max<size_t>(
-          3, std::min<size_t>(200, (size_t{256} << 20) / bytes / 4)));
+      const int iters =
+          config.calls > 0
+              ? config.calls
+              : static_cast<int>(std::max<size_t>(
+                    3, std::min<size_t>(200, (size_t{256} << 20) / bytes / 4)));
       if (absl::Status s = c.Once(); !s.ok()) return s;
       if (absl::Status s = c.CheckFirstResult(); !s.ok()) return s;
       c.Reset();
@@ -220,6 +227,7 @@ absl::StatusOr<Config> ParseConfig() {
   config.verify_ops = absl::GetFlag(FLAGS_verify_ops);
   config.threads = absl::GetFlag(FLAGS_threads);
   config.flight_records = absl::GetFlag(FLAGS_flight_records);
+  config.calls = absl::GetFlag(FLAGS_calls);
   config.shm_slot_bytes = absl::GetFlag(FLAGS_shm_slot_bytes);
   const std::string transport = absl::GetFlag(FLAGS_transport);
   config.shared_memory = transport != "tcp";

@@ -27,6 +27,7 @@ absl::string_view FlightStateName(FlightState state) {
 
 FlightRecorder::FlightRecorder(size_t capacity)
     : capacity_(capacity), ring_(new Slot[capacity == 0 ? 1 : capacity]) {
+  static_assert(sizeof(Slot) == 64, "a slot is one cache line");
   if (capacity == 0) {
     std::fprintf(stderr, "FlightRecorder: capacity must be >= 1\n");
     std::abort();

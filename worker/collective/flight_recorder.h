@@ -79,7 +79,9 @@ class FlightRecorder {
   size_t capacity() const { return capacity_; }
 
  private:
-  struct Slot {
+  // One cache line each, so that the issuing thread filling one op's slot
+  // and the op thread ending the one before never share a line.
+  struct alignas(64) Slot {
     // The op's index once its fields are written (release); kEmpty before.
     std::atomic<uint64_t> index{~uint64_t{0}};
     std::atomic<uint64_t> seq{0};
