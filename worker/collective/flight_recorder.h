@@ -15,6 +15,8 @@
 // order: collectives are issued in the same order on every rank, so equal
 // seqs on two ranks are the same collective. Point-to-point ops count in a
 // sequence of their own (Send and Recv need not line up across ranks).
+// Issue order is the order of Queued calls, which the caller serializes
+// (the op engine calls Queued under its queue's lock).
 #ifndef COHORT_WORKER_COLLECTIVE_FLIGHT_RECORDER_H_
 #define COHORT_WORKER_COLLECTIVE_FLIGHT_RECORDER_H_
 
