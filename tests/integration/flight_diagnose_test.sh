@@ -33,7 +33,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$COHORTD" --listen=127.0.0.1:0 --engine=memory 2>"$TMP/cohortd.log" &
+# No TCPStore listener: its default port would collide with other tests'.
+"$COHORTD" --listen=127.0.0.1:0 --tcpstore_listen= --engine=memory \
+  2>"$TMP/cohortd.log" &
 PIDS+=($!)
 PORT=
 for _ in $(seq 600); do
