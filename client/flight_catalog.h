@@ -43,7 +43,8 @@ class FlightCatalog {
       std::function<void(int64_t)> on_request);
 
   // Stores `dump` at its key (run, round, group, rank), cut to
-  // flight::kMaxDumpBytes. dump.run() must be this catalog's run.
+  // flight::kMaxDumpBytes, and its answer key, in one MultiSet.
+  // dump.run() must be this catalog's run.
   absl::Status Publish(const v1::FlightDump& dump);
 
   struct Listing {
@@ -51,12 +52,22 @@ class FlightCatalog {
     std::vector<std::string> unreadable;  // "key: why" for values that
                                           // are not dumps.
   };
-  absl::StatusOr<Listing> List();
+  // The dumps of round `round` (-1: every round), read in batches that
+  // stay well under a call's size limit.
+  absl::StatusOr<Listing> List(int64_t round = -1);
 
-  // Polls List until every rank 0..world_size-1 of every group of the
-  // newest round has answered request `request` (FlightDump.request >=
-  // it), or `timeout` passes; returns the listing either way. The ranks
-  // that did not answer are in `missing` (by group: "0: ranks 2,3").
+  // What each rank's latest dump answered (a few bytes each, so cheap to
+  // poll): of round `round`, or of every round (-1).
+  struct AnswerList {
+    std::vector<flight::FlightAnswer> answers;  // In key order.
+    std::vector<std::string> unreadable;
+  };
+  absl::StatusOr<AnswerList> ListAnswers(int64_t round = -1);
+
+  // Polls the answers until every rank 0..world_size-1 of every group of
+  // the newest round has answered request `request` (request >= it), or
+  // `timeout` passes; then lists that round's dumps. The ranks that did
+  // not answer are in `missing` (by group: "group 0: ranks 2,3").
   struct Answers {
     Listing listing;
     std::vector<std::string> missing;

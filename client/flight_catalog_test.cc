@@ -52,6 +52,7 @@ TEST(FlightCatalogTest, ListReturnsPublishedDumpsAndNamesGarbage) {
   ASSERT_TRUE(catalog.Publish(Dump(1, 2, 0)).ok());
   ASSERT_TRUE(catalog.Publish(Dump(0, 2, 0)).ok());
   ASSERT_TRUE(store.Set("runs/job/flight/dumps/000000000001/0/9", "junk").ok());
+  ASSERT_TRUE(store.Set("runs/job/flight/answers/000000000001/0/9", "junk").ok());
   auto listing = catalog.List();
   ASSERT_TRUE(listing.ok()) << listing.status();
   ASSERT_EQ(listing->dumps.size(), 2u);
@@ -59,6 +60,44 @@ TEST(FlightCatalogTest, ListReturnsPublishedDumpsAndNamesGarbage) {
   EXPECT_EQ(listing->dumps[1].rank(), 1);
   ASSERT_EQ(listing->unreadable.size(), 1u);
   EXPECT_NE(listing->unreadable[0].find("/0/9"), std::string::npos);
+  auto answers = catalog.ListAnswers();
+  ASSERT_TRUE(answers.ok());
+  EXPECT_EQ(answers->answers.size(), 2u);
+  ASSERT_EQ(answers->unreadable.size(), 1u);
+  EXPECT_NE(answers->unreadable[0].find("answers/000000000001/0/9"),
+            std::string::npos);
+}
+
+TEST(FlightCatalogTest, EachDumpHasASmallAnswerAndRoundsListApart) {
+  InProcessStore store;
+  FlightCatalog catalog(&store, "job");
+  auto d = Dump(2, 3, 5);
+  d.set_reason("request");
+  ASSERT_TRUE(catalog.Publish(d).ok());
+  auto later = Dump(0, 1, 6);
+  later.set_round(2);
+  ASSERT_TRUE(catalog.Publish(later).ok());
+  auto answers = catalog.ListAnswers(1);
+  ASSERT_TRUE(answers.ok()) << answers.status();
+  ASSERT_EQ(answers->answers.size(), 1u);
+  EXPECT_EQ(answers->answers[0].rank, 2);
+  EXPECT_EQ(answers->answers[0].request, 5);
+  EXPECT_EQ(answers->answers[0].reason, "request");
+  EXPECT_EQ(answers->answers[0].world_size, 3);
+  EXPECT_EQ(catalog.ListAnswers()->answers.size(), 2u);
+  auto round2 = catalog.List(2);
+  ASSERT_TRUE(round2.ok());
+  ASSERT_EQ(round2->dumps.size(), 1u);
+  EXPECT_EQ(round2->dumps[0].rank(), 0);
+}
+
+TEST(FlightCatalogTest, ListReadsManyDumpsInBatches) {
+  InProcessStore store;
+  FlightCatalog catalog(&store, "job");
+  for (int r = 0; r < 40; ++r) ASSERT_TRUE(catalog.Publish(Dump(r, 40, 0)).ok());
+  auto listing = catalog.List();
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  EXPECT_EQ(listing->dumps.size(), 40u);
 }
 
 TEST(FlightCatalogTest, APublishToAnotherRunIsRefused) {

@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace cohort::flight {
@@ -25,6 +29,48 @@ std::string FlightDumpKey(absl::string_view run, int64_t round,
                           absl::string_view group, int rank) {
   return absl::StrFormat("%s%012d/%s/%d", FlightDumpsPrefix(run), round, group,
                          rank);
+}
+
+std::string FlightAnswersPrefix(absl::string_view run) {
+  return absl::StrCat(FlightPrefix(run), "answers/");
+}
+
+std::string FlightAnswerKey(absl::string_view run, int64_t round,
+                            absl::string_view group, int rank) {
+  return absl::StrFormat("%s%012d/%s/%d", FlightAnswersPrefix(run), round,
+                         group, rank);
+}
+
+std::string EncodeFlightAnswer(const cohort::v1::FlightDump& dump) {
+  // "-" stands for no reason, so the value always has three fields.
+  return absl::StrCat(dump.request(), " ",
+                      dump.reason().empty() ? "-" : dump.reason(), " ",
+                      dump.world_size());
+}
+
+absl::StatusOr<FlightAnswer> DecodeFlightAnswer(absl::string_view run,
+                                                absl::string_view key,
+                                                absl::string_view value) {
+  FlightAnswer a;
+  absl::string_view rest = key;
+  const std::vector<absl::string_view> where =
+      absl::StrSplit(absl::StripPrefix(rest, FlightAnswersPrefix(run)), '/');
+  const std::vector<absl::string_view> fields =
+      absl::StrSplit(value, ' ', absl::SkipEmpty());
+  if (!absl::StartsWith(key, FlightAnswersPrefix(run)) || where.size() != 3 ||
+      !absl::SimpleAtoi(where[0], &a.round) ||
+      !absl::SimpleAtoi(where[2], &a.rank) || fields.size() != 3 ||
+      !absl::SimpleAtoi(fields[0], &a.request) ||
+      !absl::SimpleAtoi(fields[2], &a.world_size)) {
+    return absl::DataLossError(absl::StrCat(
+        "flight answer at '", key,
+        "' is not <request> <reason> <world_size> "
+        "under ",
+        FlightAnswersPrefix(run), "<round>/<group>/<rank>: '", value, "'"));
+  }
+  a.group = std::string(where[1]);
+  a.reason = fields[1] == "-" ? "" : std::string(fields[1]);
+  return a;
 }
 
 namespace {

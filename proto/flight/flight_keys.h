@@ -10,7 +10,13 @@
 //   dumps/<round>/<group>/<rank> the rank's latest FlightDump of the group in
 //                                cohortrun's round <round> (12 decimal
 //                                digits, so rounds list in order), in
-//                                protobuf's JSON mapping.
+//                                protobuf's JSON mapping;
+//   answers/<round>/<group>/<rank>
+//                                written with the dump, in one MultiSet:
+//                                "<request> <reason> <world_size>", a few
+//                                bytes, so that waiting for a thousand
+//                                ranks' answers reads a few kilobytes, not
+//                                their dumps.
 // Pure: no I/O.
 #ifndef COHORT_PROTO_FLIGHT_FLIGHT_KEYS_H_
 #define COHORT_PROTO_FLIGHT_FLIGHT_KEYS_H_
@@ -36,6 +42,24 @@ std::string FlightRequestKey(absl::string_view run);
 std::string FlightDumpsPrefix(absl::string_view run);
 std::string FlightDumpKey(absl::string_view run, int64_t round,
                           absl::string_view group, int rank);
+std::string FlightAnswersPrefix(absl::string_view run);
+std::string FlightAnswerKey(absl::string_view run, int64_t round,
+                            absl::string_view group, int rank);
+
+// What a rank's answer key says of its latest dump.
+struct FlightAnswer {
+  int64_t round = 0;
+  std::string group;
+  int rank = 0;
+  int64_t request = 0;
+  std::string reason;
+  int world_size = 0;
+};
+std::string EncodeFlightAnswer(const cohort::v1::FlightDump& dump);
+// DATA_LOSS naming `key` when key or value are not an answer's.
+absl::StatusOr<FlightAnswer> DecodeFlightAnswer(absl::string_view run,
+                                                absl::string_view key,
+                                                absl::string_view value);
 
 // JSON of `dump`, its oldest ops dropped until it fits in `max_bytes`
 // (the ring's count of what it dropped stays in `recorded`).

@@ -54,6 +54,30 @@ TEST(FlightKeysTest, AnOversizedDumpKeepsItsNewestOps) {
   EXPECT_EQ(back->recorded(), 2000u);
 }
 
+TEST(FlightKeysTest, AnAnswerSaysWhatTheDumpAnswered) {
+  auto dump = DumpWithOps(1, 3);
+  dump.set_request(7);
+  dump.set_reason("timeout");
+  const std::string key = FlightAnswerKey("job", 3, "0", 1);
+  EXPECT_EQ(key, "runs/job/flight/answers/000000000003/0/1");
+  auto a = DecodeFlightAnswer("job", key, EncodeFlightAnswer(dump));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->round, 3);
+  EXPECT_EQ(a->group, "0");
+  EXPECT_EQ(a->rank, 1);
+  EXPECT_EQ(a->request, 7);
+  EXPECT_EQ(a->reason, "timeout");
+  EXPECT_EQ(a->world_size, 2);
+  for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
+           {key, "7 timeout"},
+           {key, "x timeout 2"},
+           {"runs/job/flight/answers/000000000003/1", "7 timeout 2"},
+           {"runs/other/flight/answers/000000000003/0/1", "7 timeout 2"}}) {
+    auto bad = DecodeFlightAnswer("job", k, v);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << k << " " << v;
+  }
+}
+
 TEST(FlightKeysTest, GarbageIsDataLossNamingTheKey) {
   auto bad = DecodeFlightDump("runs/j/flight/dumps/x", "{not json");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);

@@ -394,25 +394,34 @@ void Launcher::DumpFlightRecords(const Round& round, LocalWorkers& workers,
                      request.status().ToString()));
     return;
   }
+  // Only workers with a dumper answer: those that published a start dump
+  // in this round (a torch program on torch's own backends never does).
   std::set<int> waiting;
-  for (int i = 0; i < options_.nproc_per_node; ++i) {
-    if (r.first_global_rank + i != exited)
-      waiting.insert(r.first_global_rank + i);
+  absl::StatusOr<FlightCatalog::AnswerList> started =
+      catalog.ListAnswers(r.round);
+  if (started.ok()) {
+    for (const flight::FlightAnswer& a : started->answers) {
+      const int local = a.rank - r.first_global_rank;
+      if (local >= 0 && local < options_.nproc_per_node && a.rank != exited) {
+        waiting.insert(a.rank);
+      }
+    }
   }
+  if (waiting.empty()) return;  // Nothing here dumps.
   const absl::Time deadline = absl::Now() + options_.flight_dump_wait;
   while (!waiting.empty() && absl::Now() < deadline) {
     // A worker that has exited will not answer (its exit is reported by
     // the round's end, which follows).
     for (const WorkerExit& e : workers.Poll()) waiting.erase(e.rank);
-    absl::StatusOr<FlightCatalog::Listing> listing = catalog.List();
-    if (!listing.ok()) break;
-    for (const v1::FlightDump& d : listing->dumps) {
+    absl::StatusOr<FlightCatalog::AnswerList> answers =
+        catalog.ListAnswers(r.round);
+    if (!answers.ok()) break;
+    for (const flight::FlightAnswer& a : answers->answers) {
       // A rank that dumped as its op failed may exit before it can answer:
       // that dump is its last word.
-      if (d.round() == r.round &&
-          (d.request() >= *request || d.reason() == "failed" ||
-           d.reason() == "timeout")) {
-        waiting.erase(d.rank());
+      if (a.request >= *request || a.reason == "failed" ||
+          a.reason == "timeout") {
+        waiting.erase(a.rank);
       }
     }
     if (!waiting.empty()) absl::SleepFor(options_.poll_interval);

@@ -99,9 +99,10 @@ struct LauncherOptions {
   // cohortd's store. Before stopping the workers of a round that failed (a
   // worker failed, or a peer node did), the launcher asks every rank of
   // the run for its flight records (client/flight_catalog.h) and waits up
-  // to flight_dump_wait for its own ranks' answers (or the dumps they made
-  // as an op failed), so that a diagnosis sees where they were. Null: no
-  // dumps.
+  // to flight_dump_wait for the answers of its ranks that have a dumper
+  // (they published a start dump this round) and still run, or the dumps
+  // they made as an op failed, so that a diagnosis sees where they were.
+  // Null: no dumps.
   std::shared_ptr<Store> store;
   absl::Duration flight_dump_wait = absl::Seconds(3);
 
