@@ -152,6 +152,22 @@ if [[ "$("$tools/bin/grpcurl" -version 2>&1)" != "grpcurl $grpcurl_version" ]]; 
     "github.com/fullstorydev/grpcurl/cmd/grpcurl@$grpcurl_version"
 fi
 
+# porcupine, the Go library under the linearizability checker
+# tests/robustness/lincheck: the module (the version its go.mod requires,
+# verified against its go.sum) downloaded into a module cache of its own,
+# which the tests build from offline (tests/robustness/lincheck/build.sh).
+lincheck_dir=$(dirname "$0")/../tests/robustness/lincheck
+porcupine_version=$(awk '$1 == "require" && $2 == "github.com/anishathalye/porcupine" { print $3 }' \
+  "$lincheck_dir/go.mod")
+if [[ ! -f "$tools/gomod/cache/download/github.com/anishathalye/porcupine/@v/$porcupine_version.mod" ||
+      ! -d "$tools/gomod/github.com/anishathalye/porcupine@$porcupine_version" ]]; then
+  echo "setup: downloading porcupine $porcupine_version into $tools/gomod"
+  go=$(command -v go || echo /usr/local/go/bin/go)
+  "${sudo_cmd[@]}" mkdir -p "$tools/gomod"
+  (cd "$lincheck_dir" && "${sudo_cmd[@]}" env GOMODCACHE="$tools/gomod" GOFLAGS=-mod=mod \
+    GOTOOLCHAIN=local GOWORK=off "$go" mod download)
+fi
+
 # The project venv: PyTorch 2.x (pinned in tools/requirements.txt) and the
 # CUDA toolkit wheels the NCCL backend builds with (third_party/cuda.bzl).
 bash "$(dirname "$0")/venv.sh"
