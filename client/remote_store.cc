@@ -30,7 +30,7 @@ absl::Status RemoteStore::Set(absl::string_view key, absl::string_view value) {
   req.set_key(std::string(key));
   req.set_value(std::string(value));
   v1::SetResponse resp;
-  return Call("set", Repeatable(), &v1::Store::Stub::Set, req, &resp);
+  return Call("set", NotRepeatable(), &v1::Store::Stub::Set, req, &resp);
 }
 
 absl::StatusOr<std::string> RemoteStore::Get(absl::string_view key,
@@ -146,7 +146,7 @@ absl::Status RemoteStore::MultiSet(absl::Span<const std::string> keys,
   CopyKeys(keys, req.mutable_keys());
   CopyKeys(values, req.mutable_values());
   v1::MultiSetResponse resp;
-  return Call("multi_set", Repeatable(), &v1::Store::Stub::MultiSet, req,
+  return Call("multi_set", NotRepeatable(), &v1::Store::Stub::MultiSet, req,
               &resp);
 }
 

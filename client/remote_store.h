@@ -61,8 +61,11 @@ class RemoteStore final : public Store {
 
   explicit RemoteStore(std::shared_ptr<Connection> connection);
 
-  // A call safe to repeat (a read, Set, MultiSet), retried while cohortd
-  // is unavailable; one that is not (Add, CompareSet, Delete, Append).
+  // A call safe to repeat (a read), retried while cohortd is unavailable;
+  // one that is not (every write). A write whose answer was lost may have
+  // applied: even a Set repeated after another client's write of the key
+  // would bring its old value back, which the linearizability campaign
+  // (tests/robustness/linearizability_test.sh) caught.
   CallOptions Repeatable() const {
     return CallOptions::Retryable(connection_->options().rpc_timeout);
   }

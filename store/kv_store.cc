@@ -426,6 +426,13 @@ class KvStore::BatchPlan {
     if (!r.status.ok()) return;
     switch (c.kind) {
       case Change::Kind::kSet:
+        // On a shared engine a set is guarded too: a commit that reached
+        // etcd late (its answer lost, the network cut and healed) must not
+        // land after a later write and bring an old value back.
+        if (guards_ != nullptr && now_.find(c.key) == now_.end()) {
+          guards_->push_back(
+              {std::string(c.key), store_.engine_->ModRevision(c.key)});
+        }
         r.status = Write(i, c.key, std::string(c.value));
         return;
       case Change::Kind::kDelete:
@@ -740,6 +747,21 @@ absl::StatusOr<std::optional<std::string>> KvStore::TryGet(
   return engine_->Get(key);
 }
 
+absl::StatusOr<std::vector<std::optional<std::string>>> KvStore::TryGetMany(
+    absl::Span<const std::string> keys) {
+  if (absl::Status s = c10d::CheckKeys(rules_, keys); !s.ok()) return s;
+  if (absl::Status s = CatchUp(); !s.ok()) return s;
+  std::vector<std::optional<std::string>> values;
+  values.reserve(keys.size());
+  absl::MutexLock lock(&mu_);
+  for (const std::string& key : keys) {
+    absl::StatusOr<std::optional<std::string>> value = engine_->Get(key);
+    if (!value.ok()) return value.status();
+    values.push_back(*std::move(value));
+  }
+  return values;
+}
+
 absl::StatusOr<NumKeysResult> KvStore::NumKeys(absl::string_view prefix) {
   if (absl::Status s = c10d::CheckPrefix(rules_, prefix); !s.ok()) return s;
   if (absl::Status s = CatchUp(); !s.ok()) return s;
@@ -791,6 +813,11 @@ absl::StatusOr<ListResult> KvStore::ListKeys(absl::string_view prefix,
   return result;
 }
 
+absl::Status KvStore::ReadyToWait(absl::Span<const std::string> keys) {
+  if (absl::Status s = c10d::CheckKeys(rules_, keys); !s.ok()) return s;
+  return CatchUp();
+}
+
 KvStore::WaitId KvStore::WaitForKeys(std::vector<std::string> keys,
                                      bool read_values, absl::Duration timeout,
                                      ReadCallback done) {
@@ -801,7 +828,7 @@ KvStore::WaitId KvStore::WaitForKeys(std::vector<std::string> keys,
 KvStore::WaitId KvStore::StartWait(std::vector<std::string> keys,
                                    bool read_values, bool queues,
                                    absl::Duration timeout, ReadCallback done) {
-  if (absl::Status s = c10d::CheckKeys(rules_, keys); !s.ok()) {
+  if (absl::Status s = ReadyToWait(keys); !s.ok()) {
     done(s);
     return 0;
   }

@@ -230,6 +230,11 @@ class KvStore {
       absl::Span<const std::string> keys);
   // The value of `key` now, or nullopt; never waits.
   absl::StatusOr<std::optional<std::string>> TryGet(absl::string_view key);
+  // The values of `keys` now, in order (nullopt: missing), all read at one
+  // revision; never waits. TCPStore's MULTI_GET (which torch's client sends
+  // once a WAIT for the keys has returned).
+  absl::StatusOr<std::vector<std::optional<std::string>>> TryGetMany(
+      absl::Span<const std::string> keys);
   // The number of keys, or of those under `prefix` (counted in time
   // proportional to their number; the TCPStore listener's namespaces).
   // Queue items are left out: a queue is not a key to c10d's num_keys
@@ -394,6 +399,11 @@ class KvStore {
   // Before a non-blocking read on a shared engine: waits until the view
   // holds every change acknowledged before the call (linearizable reads).
   absl::Status CatchUp() ABSL_LOCKS_EXCLUDED(mu_);
+  // Before a wait: its keys are valid, and it starts from a caught-up view
+  // (a wait completed from a stale view returns a stale value, or a key
+  // deleted since, when another replica acknowledged the change).
+  absl::Status ReadyToWait(absl::Span<const std::string> keys)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Records and publishes the events of `mutations` at `revision` and
   // completes the waiters they satisfy (into `deferred`).
   void PublishLocked(int64_t revision, std::vector<Mutation> mutations,

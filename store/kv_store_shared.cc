@@ -24,14 +24,30 @@ constexpr int kMaxGuardedAttempts = 64;
 
 absl::StatusOr<int64_t> KvStore::MultiSetShared(
     std::vector<Mutation> mutations) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (absl::Status s = CheckSharesLocked(mutations); !s.ok()) return s;
+  // Guarded by each key's revision, so that a commit whose answer was lost
+  // and that reaches etcd late cannot land after a later write of one of
+  // its keys (bringing old values back): it fails its guards instead.
+  for (int attempt = 1;; ++attempt) {
+    std::vector<KvEngine::Guard> guards;
+    {
+      absl::MutexLock lock(&mu_);
+      if (absl::Status s = CheckSharesLocked(mutations); !s.ok()) return s;
+      for (const Mutation& m : mutations) {
+        guards.push_back({m.key, engine_->ModRevision(m.key)});
+      }
+    }
+    absl::StatusOr<int64_t> committed =
+        shared_->ApplyGuarded(mutations, guards);
+    if (absl::IsAborted(committed.status()) &&
+        attempt < kMaxGuardedAttempts) {
+      // Another writer got there first: take its change, and go again.
+      if (absl::Status s = CatchUp(); !s.ok()) return s;
+      continue;
+    }
+    if (!committed.ok()) return committed.status();
+    AwaitRevision(*committed, kFeedTimeout).IgnoreError();
+    return committed;
   }
-  absl::StatusOr<int64_t> committed = shared_->ApplyGuarded(mutations, {});
-  if (!committed.ok()) return committed.status();
-  AwaitRevision(*committed, kFeedTimeout).IgnoreError();
-  return committed;
 }
 
 std::vector<ChangeResult> KvStore::ApplyBatchShared(
@@ -51,6 +67,7 @@ std::vector<ChangeResult> KvStore::ApplyBatchShared(
     }
     break;
   }
+  bool caught_up = false;
   for (int attempt = 1;; ++attempt) {
     std::vector<ChangeResult> results(changes.size());
     std::vector<Mutation> mutations;
@@ -61,6 +78,20 @@ std::vector<ChangeResult> KvStore::ApplyBatchShared(
       absl::MutexLock lock(&mu_);
       PlanLocked(changes, results, mutations, writers, &guards);
       revision = revision_;
+    }
+    if (mutations.empty() && !guards.empty() && !caught_up) {
+      // Changes that read and then wrote nothing (a compare_set that did
+      // not match, a delete of a missing key): no commit checks their
+      // reads, so they must come from a view that holds every change
+      // acknowledged before this call. Plan them again from one.
+      if (absl::Status s = CatchUp(); !s.ok()) {
+        for (ChangeResult& r : results) {
+          if (r.status.ok()) r.status = s;
+        }
+        return results;
+      }
+      caught_up = true;
+      continue;
     }
     if (!mutations.empty()) {
       absl::StatusOr<int64_t> committed =

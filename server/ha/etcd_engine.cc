@@ -19,6 +19,15 @@
 namespace cohort::server {
 namespace {
 
+// etcd's require-leader metadata: a member that has lost its leader (cut
+// off in a minority, which it notices within an election timeout) fails
+// the call at once with UNAVAILABLE "etcdserver: no leader", and ends a
+// watch stream, instead of holding them until their deadline, so the call
+// or the watch moves on to the next member.
+void RequireLeader(grpc::ClientContext* context) {
+  context->AddMetadata("hasleader", "true");
+}
+
 using store::KvEngine;
 using store::Mutation;
 
@@ -181,7 +190,9 @@ class EtcdEngine final : public KvEngine {
     etcdserverpb::TxnResponse resp;
     // A guarded commit whose answer was lost may have applied: repeating it
     // would fail its guards and make the caller apply it again (an Add
-    // twice). Plain puts and deletes are safe to repeat.
+    // twice). KvStore guards every write it commits (a repeated plain put
+    // could land after a later write and bring an old value back), so only
+    // unguarded commits, which no caller makes today, are repeated.
     grpc::Status s = CallWithFailover(
         [&](Member& m, grpc::ClientContext* c) {
           return m.kv->Txn(c, txn, &resp);
@@ -253,6 +264,7 @@ class EtcdEngine final : public KvEngine {
       grpc::ClientContext context;
       context.set_deadline(
           absl::ToChronoTime(absl::Now() + options_.call_timeout));
+      RequireLeader(&context);
       s = call(members_[index], &context);
       if (!Retryable(s)) {
         if (index != first) {
@@ -325,6 +337,7 @@ class EtcdEngine final : public KvEngine {
         absl::MutexLock lock(&stream_mu_);
         if (stopping_) return;
         stream_context_ = &context;
+        RequireLeader(&context);
         stream = members_[index].watch->Watch(&context);
         etcdserverpb::WatchRequest create;
         auto* c = create.mutable_create_request();

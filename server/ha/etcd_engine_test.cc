@@ -401,6 +401,50 @@ TEST(EtcdEngineTest, AnotherWritersChangeWakesAKvStoreWaiter) {
   store.Shutdown(absl::UnavailableError("test over"));
 }
 
+// Two replicas: whatever one acknowledged, the other's next call sees,
+// including calls that read without committing (a blocking get whose key
+// is in the view already, a compare_set that does not match, a delete of a
+// key that is gone). Each takes a read barrier first; without it they were
+// answered from a view that had not caught up (the linearizability
+// campaign, tests/robustness, caught both).
+TEST(EtcdEngineTest, ReplicasSeeWhatTheOtherAcknowledged) {
+  std::unique_ptr<FakeEtcd> etcd = StartEtcd();
+  store::KvStore a(Open(Options(*etcd)));
+  store::KvStore b(Open(Options(*etcd)));
+  auto blocking_get = [&](store::KvStore& store, const std::string& key) {
+    absl::Notification done;
+    std::string value = "(none)";
+    store.WaitForKeys({key}, /*read_values=*/true, kPatience,
+                      [&](absl::StatusOr<store::ReadResult> r) {
+                        if (r.ok()) value = r->values[0];
+                        done.Notify();
+                      });
+    done.WaitForNotificationWithTimeout(kPatience);
+    return value;
+  };
+  ASSERT_TRUE(a.Set("k", "old").ok());
+  ASSERT_TRUE(a.Set("gone", "1").ok());
+  ASSERT_EQ(blocking_get(b, "k"), "old");
+  ASSERT_EQ(blocking_get(b, "gone"), "1");
+  for (int i = 0; i < 20; ++i) {
+    const std::string value = absl::StrCat("v", i);
+    ASSERT_TRUE(a.Set("k", value).ok());
+    EXPECT_EQ(blocking_get(b, "k"), value);
+    ASSERT_TRUE(a.Set("k", value + "x").ok());
+    absl::StatusOr<store::CompareSetResult> cas =
+        b.CompareSet("k", "no such value", "y");
+    ASSERT_TRUE(cas.ok()) << cas.status();
+    EXPECT_FALSE(cas->swapped);
+    EXPECT_EQ(cas->value, value + "x");
+  }
+  ASSERT_TRUE(a.Delete("gone").ok());
+  absl::StatusOr<store::DeleteResult> deleted = b.Delete("gone");
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_FALSE(deleted->deleted);
+  a.Shutdown(absl::UnavailableError("test over"));
+  b.Shutdown(absl::UnavailableError("test over"));
+}
+
 // The barrier is the last commit made through cohortd (any replica's):
 // what a reply acknowledged. A write straight into etcd is no such commit.
 TEST(EtcdEngineTest, ReadBarrierIsTheLastCommitThroughAnyReplica) {

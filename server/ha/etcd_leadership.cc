@@ -10,6 +10,16 @@
 #include "grpcpp/create_channel.h"
 
 namespace cohort::server {
+namespace {
+
+// etcd's require-leader metadata (as in etcd_engine.cc): a member cut off
+// from its quorum fails the call at once instead of holding it until the
+// deadline, so that the next member is tried.
+void RequireLeader(grpc::ClientContext* context) {
+  context->AddMetadata("hasleader", "true");
+}
+
+}  // namespace
 
 class EtcdLeadership::Impl {
  public:
@@ -41,6 +51,7 @@ class EtcdLeadership::Impl {
       grpc::ClientContext context;
       context.set_deadline(
           absl::ToChronoTime(absl::Now() + options_.call_timeout));
+      RequireLeader(&context);
       s = call(index, &context);
       if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
           s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -116,6 +127,7 @@ class EtcdLeadership::Impl {
     grpc::ClientContext context;
     context.set_deadline(
         absl::ToChronoTime(absl::Now() + options_.call_timeout));
+    RequireLeader(&context);
     auto stream = lease_[current_]->LeaseKeepAlive(&context);
     etcdserverpb::LeaseKeepAliveRequest req;
     req.set_id(lease);

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -60,7 +61,22 @@ std::optional<Coordination> LeaderOrPassOn(const CoordinationSlot& slot,
     return std::nullopt;
   }
   auto* call = new Forwarded(*ctx, std::move(stubs));
-  pass_on(call, [call](grpc::Status s) { call->Finish(s); });
+  pass_on(call, [call](grpc::Status s) {
+    // The leader's own answers pass as they are; a leader this replica
+    // cannot reach is named, so that the caller does not blame the
+    // replica it called.
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+         s.error_message() == "Deadline Exceeded")) {
+      s = grpc::Status(
+          s.error_code(),
+          absl::StrCat("this replica passes rendezvous and membership calls "
+                       "to the leader at ",
+                       call->stubs().address, ", which did not answer: ",
+                       s.error_message()));
+    }
+    call->Finish(s);
+  });
   *reactor = call;
   return std::nullopt;
 }

@@ -624,13 +624,17 @@ void TcpStoreSession::Answer(const Request& r) {
       reply.I64(s->num_keys);
       return;
     }
-    case Op::kMultiGet:
-      for (absl::string_view key : r.keys) {
-        auto s = store().TryGet(key);
-        if (!s.ok()) return Fail("MULTI_GET", s.status());
-        reply.Bytes(s->has_value() ? absl::string_view(**s) : "");
+    case Op::kMultiGet: {
+      // All at one revision (a write between two keys' reads would show
+      // half of a MULTI_SET); a missing key reads as empty, as on torch's
+      // server.
+      auto s = store().TryGetMany(Strings(r.keys));
+      if (!s.ok()) return Fail("MULTI_GET", s.status());
+      for (const std::optional<std::string>& value : *s) {
+        reply.Bytes(value.has_value() ? absl::string_view(*value) : "");
       }
       return;
+    }
     case Op::kCancelWait:
       CancelBlock();
       reply.U8(static_cast<uint8_t>(WaitReply::kWaitCanceled));
