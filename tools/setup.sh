@@ -55,6 +55,11 @@ command -v kubectl >/dev/null || packages+=(kubernetes-client)
 # etcd (3.4): the engine under highly available cohortd replicas
 # (--engine=etcd), and the 3-member clusters the HA tests start on loopback.
 packages+=(etcd-server etcd-client)
+# nftables and iproute2: tests/robustness/partition_test.sh cuts etcd members
+# and cohortd replicas apart, each in a network namespace of its own joined
+# by veth to a bridge, by dropping their packets (nft), and caps a link's
+# bandwidth (tc); util-linux's unshare and nsenter make and enter them.
+packages+=(nftables iproute2 util-linux)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -213,6 +213,13 @@ class EtcdEngine final : public KvEngine {
   }
 
   absl::StatusOr<int64_t> ReadBarrier() override {
+#ifdef COHORT_PLANTED_BUG_STALE_READS
+    // The planted bug of //server:cohortd_planted_stale_reads (testonly):
+    // reads are served from this replica's view as it stands, which may
+    // not yet hold a write another replica has acknowledged. The
+    // linearizability checker must catch it (tests/robustness).
+    return int64_t{0};
+#endif
     etcdserverpb::RangeRequest req;
     req.set_key(absl::StrCat(options_.prefix, kLastWrite));
     req.set_keys_only(true);

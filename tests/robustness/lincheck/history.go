@@ -25,11 +25,14 @@ const (
 	opMultiGet
 	opMultiSet
 	opAppend
+	opTcpGet
+	opTcpMultiGet
 	numOpKinds
 )
 
 var opNames = [numOpKinds]string{
 	"set", "get", "check", "add", "cas", "delete", "wait", "multi_get", "multi_set", "append",
+	"tcp_get", "tcp_multi_get",
 }
 
 // How many keys and values each op takes: oneOrMore keys, or values as
@@ -50,6 +53,11 @@ var shapes = [numOpKinds]struct{ keys, values int }{
 	opMultiGet: {oneOrMore, 0},
 	opMultiSet: {oneOrMore, sameAsKeys},
 	opAppend:   {1, 1},
+	// The read half of PyTorch's TCPStore get and multi_get: its client
+	// waits for the keys, then reads them in a second request, in which a
+	// key deleted meanwhile reads as "".
+	opTcpGet:      {1, 0},
+	opTcpMultiGet: {oneOrMore, 0},
 }
 
 func (k opKind) String() string { return opNames[k] }
@@ -57,7 +65,8 @@ func (k opKind) String() string { return opNames[k] }
 // readOnly ops change nothing: one whose outcome is unknown says nothing
 // either, so it is dropped like a failed one.
 func (k opKind) readOnly() bool {
-	return k == opGet || k == opCheck || k == opWait || k == opMultiGet
+	return k == opGet || k == opCheck || k == opWait || k == opMultiGet ||
+		k == opTcpGet || k == opTcpMultiGet
 }
 
 // A result is what an op returned: str for get and cas, flag for check and
@@ -297,7 +306,7 @@ func checkShape(kind opKind, keys, values []string) error {
 func (r *reader) group(keys []string) (*group, error) {
 	var name string
 	for i, k := range keys {
-		slash := strings.IndexByte(k, '/')
+		slash := strings.LastIndexByte(k, '/')
 		if slash < 0 {
 			return nil, fmt.Errorf("key %q has no group (want <group>/<name>)", k)
 		}
@@ -321,13 +330,13 @@ func parseOut(kind opKind, nkeys int, raw json.RawMessage) (*result, error) {
 	var want string
 	res := &result{}
 	switch kind {
-	case opGet, opCas:
+	case opGet, opCas, opTcpGet:
 		dst, want = &res.str, "a string"
 	case opCheck, opDelete:
 		dst, want = &res.flag, "a bool"
 	case opAdd:
 		dst, want = &res.num, "an int64"
-	case opMultiGet:
+	case opMultiGet, opTcpMultiGet:
 		dst, want = &res.list, fmt.Sprintf("a list of %d strings", nkeys)
 	default:
 		return nil, nil
@@ -335,7 +344,7 @@ func parseOut(kind opKind, nkeys int, raw json.RawMessage) (*result, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, fmt.Errorf("%s with status ok needs out (%s)", kind, want)
 	}
-	if err := json.Unmarshal(raw, dst); err != nil || (kind == opMultiGet && len(res.list) != nkeys) {
+	if err := json.Unmarshal(raw, dst); err != nil || ((kind == opMultiGet || kind == opTcpMultiGet) && len(res.list) != nkeys) {
 		return nil, fmt.Errorf("%s's out %s is not %s", kind, raw, want)
 	}
 	return res, nil

@@ -112,6 +112,13 @@ func eval(s *kv, in *op) (res result, next *kv, can bool) {
 			return res, s, false
 		}
 		res.str = cur.val
+	case opTcpGet:
+		res.str = s.get(in.ids[0]).val // "" when missing
+	case opTcpMultiGet:
+		res.list = make([]string, len(in.ids))
+		for i, id := range in.ids {
+			res.list[i] = s.get(id).val
+		}
 	case opCheck:
 		res.flag = true
 		for _, id := range in.ids {
@@ -173,13 +180,13 @@ func eval(s *kv, in *op) (res result, next *kv, can bool) {
 
 func sameResult(kind opKind, a, b *result) bool {
 	switch kind {
-	case opGet, opCas:
+	case opGet, opCas, opTcpGet:
 		return a.str == b.str
 	case opCheck, opDelete:
 		return a.flag == b.flag
 	case opAdd:
 		return a.num == b.num
-	case opMultiGet:
+	case opMultiGet, opTcpMultiGet:
 		if len(a.list) != len(b.list) {
 			return false
 		}
@@ -222,13 +229,13 @@ func quote(v string) string {
 
 func describeResult(kind opKind, r *result) string {
 	switch kind {
-	case opGet, opCas:
+	case opGet, opCas, opTcpGet:
 		return quote(r.str)
 	case opCheck, opDelete:
 		return strconv.FormatBool(r.flag)
 	case opAdd:
 		return strconv.FormatInt(r.num, 10)
-	case opMultiGet:
+	case opMultiGet, opTcpMultiGet:
 		q := make([]string, len(r.list))
 		for i, v := range r.list {
 			q[i] = quote(v)
@@ -270,7 +277,7 @@ func describeOp(in *op, out *result) string {
 
 func hasResult(kind opKind) bool {
 	switch kind {
-	case opGet, opCas, opCheck, opDelete, opAdd, opMultiGet:
+	case opGet, opCas, opCheck, opDelete, opAdd, opMultiGet, opTcpGet, opTcpMultiGet:
 		return true
 	}
 	return false

@@ -354,3 +354,51 @@ func TestWhyNot(t *testing.T) {
 		}
 	}
 }
+
+func tcpGet(c, call, ret int64, k, out string) tOp {
+	return tOp{c, "tcp_get", []string{k}, nil, call, ret, "ok", out}
+}
+
+func tcpMultiGet(c, call, ret int64, keys []string, out ...string) tOp {
+	return tOp{c, "tcp_multi_get", keys, nil, call, ret, "ok", out}
+}
+
+// PyTorch's TCPStore reads: a missing key reads as "", all at one point.
+func TestTcpStoreReads(t *testing.T) {
+	expectResult(t, "ok",
+		set(1, 0, 10, "g/a", "1"),
+		del(1, 20, 30, "g/a", true),
+		tcpGet(2, 40, 50, "g/a", ""),
+		tcpMultiGet(2, 60, 70, ab, "", ""),
+	)
+	expectResult(t, "ok", // the delete may land between the wait and the read
+		set(1, 0, 10, "g/a", "1"),
+		tcpGet(2, 20, 60, "g/a", ""),
+		del(1, 30, 40, "g/a", true),
+	)
+	expectResult(t, "illegal", // "" while the key certainly exists
+		set(1, 0, 10, "g/a", "1"),
+		tcpGet(2, 20, 30, "g/a", ""),
+	)
+	expectResult(t, "illegal", // half of a multi_set
+		multiSet(1, 0, 10, ab, "1", "2"),
+		multiSet(1, 20, 30, ab, "3", "4"),
+		tcpMultiGet(2, 40, 50, ab, "3", "2"),
+	)
+}
+
+// The group is what precedes a key's last "/": deeper keys are still split.
+func TestGroupIsBeforeTheLastSlash(t *testing.T) {
+	h, _ := checked(t,
+		set(1, 0, 10, "/lin/g0/a", "1"),
+		set(2, 0, 10, "/lin/g1/a", "1"),
+		multiGet(3, 20, 30, []string{"/lin/g0/a", "/lin/g0/b"}, "1", "x").unknown(),
+	)
+	var names []string
+	for _, g := range h.groups {
+		names = append(names, g.name)
+	}
+	if len(names) != 2 || names[0] != "/lin/g0" || names[1] != "/lin/g1" {
+		t.Fatalf("groups %v, want [/lin/g0 /lin/g1]", names)
+	}
+}
