@@ -64,6 +64,9 @@ void WithElementOfSize(size_t bytes, F&& f) {
   }
 }
 
+// Names the peers of the given ranks (see GlooProcessGroup::Peers).
+using PeerNamer = std::function<std::string(const std::vector<int>&)>;
+
 uint8_t* Bytes(const BufferView& view) {
   return static_cast<uint8_t*>(view.data);
 }
@@ -80,17 +83,26 @@ std::vector<Int> ToBytes(absl::Span<const size_t> counts, Dtype dtype) {
 }
 
 // Runs `fn`, turning what gloo throws into a status (the engine names the
-// op). Gloo says "Timed out" when a peer did not take part in time, and
-// names the peer's address; any other IoException is a broken connection.
-absl::Status GlooCall(absl::Duration timeout, const std::function<void()>& fn) {
+// op). A timeout is DEADLINE_EXCEEDED: where gloo_ring.h's algorithms know
+// which peers did not answer (PeersTimedOut), `peers` names them (their
+// hosts, when the group knows them); gloo's own collectives only say "Timed
+// out", and `peers` (given no ranks) then says where the others are. Any
+// other IoException is a broken connection.
+absl::Status GlooCall(absl::Duration timeout, const std::function<void()>& fn,
+                      const PeerNamer& peers) {
   try {
     fn();
     return absl::OkStatus();
+  } catch (const PeersTimedOut& e) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("no answer within ", absl::FormatDuration(timeout),
+                     " from ", peers(e.ranks()), ": ", e.what()));
   } catch (const gloo::IoException& e) {
     if (absl::StrContains(e.what(), "imed out")) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("peers did not complete it within ",
-                       absl::FormatDuration(timeout), ": ", e.what()));
+      const std::string where = peers({});
+      return absl::DeadlineExceededError(absl::StrCat(
+          "peers did not complete it within ", absl::FormatDuration(timeout),
+          where.empty() ? "" : absl::StrCat(" (", where, ")"), ": ", e.what()));
     }
     return absl::UnavailableError(
         absl::StrCat("connection to a peer failed: ", e.what()));
@@ -105,61 +117,79 @@ absl::Status GlooCall(absl::Duration timeout, const std::function<void()>& fn) {
 class GlooTransfer final : public OpEngine::Transfer {
  public:
   GlooTransfer(bool is_send,
-               std::unique_ptr<gloo::transport::UnboundBuffer> buffer)
-      : is_send_(is_send), buffer_(std::move(buffer)) {}
+               std::unique_ptr<gloo::transport::UnboundBuffer> buffer,
+               PeerNamer peers)
+      : is_send_(is_send),
+        buffer_(std::move(buffer)),
+        peers_(std::move(peers)) {}
 
   absl::Status Wait(absl::Duration timeout) override {
-    return GlooCall(timeout, [&] {
-      const std::chrono::milliseconds millis = ToMillis(timeout);
-      const bool done =
-          is_send_ ? buffer_->waitSend(millis) : buffer_->waitRecv(millis);
-      if (!done) throw gloo::IoException("aborted");
-    });
+    return GlooCall(
+        timeout,
+        [&] {
+          const std::chrono::milliseconds millis = ToMillis(timeout);
+          const bool done =
+              is_send_ ? buffer_->waitSend(millis) : buffer_->waitRecv(millis);
+          if (!done) throw gloo::IoException("aborted");
+        },
+        peers_);
   }
 
  private:
   const bool is_send_;
   const std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
+  const PeerNamer peers_;
 };
 
 // What the engine needs of gloo besides op bodies.
 class GlooTransport final : public OpEngine::Transport {
  public:
-  GlooTransport(std::shared_ptr<gloo::Context> context, absl::Duration timeout)
-      : context_(std::move(context)), timeout_(timeout) {}
+  GlooTransport(std::shared_ptr<gloo::Context> context, absl::Duration timeout,
+                PeerNamer peers)
+      : context_(std::move(context)),
+        timeout_(timeout),
+        peers_(std::move(peers)) {}
 
   // One exchange with every peer rather than gloo's ring of size - 1
   // steps: verify_ops runs this before every collective, so its latency is
   // every collective's.
   absl::Status AllGatherBytes(const void* mine, size_t bytes, void* all,
                               uint32_t tag) override {
-    return GlooCall(timeout_, [&] {
-      DirectAllGather(*context_, mine, bytes, all, tag, ToMillis(timeout_));
-    });
+    return GlooCall(
+        timeout_,
+        [&] {
+          DirectAllGather(*context_, mine, bytes, all, tag, ToMillis(timeout_));
+        },
+        peers_);
   }
 
   absl::StatusOr<std::unique_ptr<OpEngine::Transfer>> Post(
       const PointToPointOp& op) override {
     std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
-    absl::Status posted = GlooCall(timeout_, [&] {
-      buffer = context_->createUnboundBuffer(op.buffer.data, op.buffer.bytes());
-      const uint64_t slot = MakeSlot(kPointToPointSlotPrefix, op.tag, 0);
-      if (op.is_send) {
-        buffer->send(op.peer, slot);
-      } else {
-        buffer->recv(op.peer, slot);
-      }
-    });
+    absl::Status posted = GlooCall(
+        timeout_,
+        [&] {
+          buffer =
+              context_->createUnboundBuffer(op.buffer.data, op.buffer.bytes());
+          const uint64_t slot = MakeSlot(kPointToPointSlotPrefix, op.tag, 0);
+          if (op.is_send) {
+            buffer->send(op.peer, slot);
+          } else {
+            buffer->recv(op.peer, slot);
+          }
+        },
+        peers_);
     // On failure `buffer` goes here, unregistering the caller's memory
     // before the engine completes the op.
     if (!posted.ok()) return posted;
     return std::unique_ptr<OpEngine::Transfer>(
-        new GlooTransfer(op.is_send, std::move(buffer)));
+        new GlooTransfer(op.is_send, std::move(buffer), peers_));
   }
 
  private:
   const std::shared_ptr<gloo::Context> context_;
   const absl::Duration timeout_;
+  const PeerNamer peers_;
 };
 
 // Gloo's TCP pairs write to peers with writev, which raises SIGPIPE once a
@@ -353,6 +383,8 @@ absl::StatusOr<GlooProcessGroup::Locality> GlooProcessGroup::FindLocality(
       leaders.push_back(r);
     }
   }
+  locality.hosts = *hosts;
+  locality.leader_ranks = leaders;
   locality.whole_group = local.size() == static_cast<size_t>(size);
   locality.hierarchical =
       !locality.whole_group && leaders.size() < static_cast<size_t>(size);
@@ -384,7 +416,9 @@ GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank,
       size_(size),
       options_(options),
       context_(std::move(context)),
-      transport_(new GlooTransport(context_, options_.group.timeout)),
+      transport_(new GlooTransport(
+          context_, options_.group.timeout,
+          [this](const std::vector<int>& ranks) { return Peers(ranks); })),
       locality_(std::move(locality)),
       engine_(rank, size, EngineOptions(options_.group, locality_),
               transport_.get()) {}
@@ -453,6 +487,57 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Split(
                      static_cast<int>(members.size()));
 }
 
+std::string GlooProcessGroup::Peers(const std::vector<int>& ranks,
+                                    bool leaders) const {
+  const std::vector<std::string>& hosts = locality_.hosts;
+  if (ranks.empty()) {
+    // Gloo did not say which peers: where this rank and the others are.
+    if (hosts.empty() || locality_.whole_group) return "";
+    std::vector<std::string> others;
+    for (int leader : locality_.leader_ranks) {
+      if (hosts[leader] == hosts[rank_]) continue;
+      std::vector<int> theirs;
+      for (int r = 0; r < size_; ++r) {
+        if (hosts[r] == hosts[leader]) theirs.push_back(r);
+      }
+      others.push_back(absl::StrCat("host '", hosts[leader], "' (ranks ",
+                                    absl::StrJoin(theirs, ", "), ")"));
+    }
+    return absl::StrCat("this rank is on host '", hosts[rank_],
+                        "'; the others on ", absl::StrJoin(others, ", "));
+  }
+  std::vector<int> global;
+  for (int r : ranks) global.push_back(leaders ? locality_.leader_ranks[r] : r);
+  if (hosts.empty())
+    return absl::StrCat("rank(s) ", absl::StrJoin(global, ", "));
+  // By host, in the order the hosts first appear.
+  std::vector<std::pair<std::string, std::vector<int>>> by_host;
+  for (int r : global) {
+    auto it = std::find_if(by_host.begin(), by_host.end(),
+                           [&](const auto& h) { return h.first == hosts[r]; });
+    if (it == by_host.end()) {
+      by_host.push_back({hosts[r], {}});
+      it = by_host.end() - 1;
+    }
+    it->second.push_back(r);
+  }
+  std::vector<std::string> parts;
+  for (const auto& [host, rs] : by_host) {
+    parts.push_back(absl::StrCat("host '", host, "' (rank",
+                                 rs.size() > 1 ? "s " : " ",
+                                 absl::StrJoin(rs, ", "), ")"));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+absl::Status GlooProcessGroup::Call(const std::function<void()>& fn,
+                                    bool leaders) const {
+  return GlooCall(options_.group.timeout, fn,
+                  [this, leaders](const std::vector<int>& ranks) {
+                    return Peers(ranks, leaders);
+                  });
+}
+
 std::chrono::milliseconds GlooProcessGroup::timeout() const {
   return ToMillis(options_.group.timeout);
 }
@@ -479,15 +564,17 @@ absl::Status GlooProcessGroup::HierarchicalAllReduce(const CollectiveOp& op,
   absl::Status across;
   if (locality_.leaders != nullptr) {
     gloo::Context& leaders = *locality_.leaders;
-    across = GlooCall(options_.group.timeout, [&] {
-      if (b.bytes() * (leaders.size - 1) <= kDirectMaxWireBytes) {
-        DirectAllReduce(leaders, b.data, b.count, b.dtype, op.reduce, tag,
-                        timeout());
-      } else {
-        RingAllReduce(leaders, b.data, b.count, b.dtype, op.reduce, tag,
-                      timeout());
-      }
-    });
+    across = Call(
+        [&] {
+          if (b.bytes() * (leaders.size - 1) <= kDirectMaxWireBytes) {
+            DirectAllReduce(leaders, b.data, b.count, b.dtype, op.reduce, tag,
+                            timeout());
+          } else {
+            RingAllReduce(leaders, b.data, b.count, b.dtype, op.reduce, tag,
+                          timeout());
+          }
+        },
+        /*leaders=*/true);
   }
   if (locality_.shm == nullptr) return across;
   return locality_.shm->BroadcastFromLeader(b, across);
@@ -503,7 +590,7 @@ std::shared_ptr<Work> GlooProcessGroup::SubmitChecked(CollectiveOp op,
       std::move(op),
       [this, body = std::move(body)](const CollectiveOp& op,
                                      const OpEngine::OpRun& run) {
-        return GlooCall(options_.group.timeout, [&] { body(op, run); });
+        return Call([&] { body(op, run); });
       },
       /*checks_itself=*/true);
 }
@@ -526,7 +613,7 @@ std::shared_ptr<Work> GlooProcessGroup::Submit(CollectiveOp op, Body body) {
   return engine_.Submit(
       std::move(op), [this, body = std::move(body)](
                          const CollectiveOp& op, const OpEngine::OpRun& run) {
-        return GlooCall(options_.group.timeout, [&] { body(op, run.tag); });
+        return Call([&] { body(op, run.tag); });
       });
 }
 

@@ -157,6 +157,11 @@ class GlooProcessGroup final : public ProcessGroup {
     // With several hosts: this host's leader's context among the leaders
     // (null on other ranks, and when there is one host).
     std::shared_ptr<gloo::Context> leaders;
+    // Every rank's host id, by rank (empty when shared memory is off), and
+    // each host's first rank, in order (the leaders' ranks, when
+    // `leaders` is set).
+    std::vector<std::string> hosts;
+    std::vector<int> leader_ranks;
   };
 
   GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size,
@@ -189,6 +194,16 @@ class GlooProcessGroup final : public ProcessGroup {
   // see the class comment).
   std::shared_ptr<Work> Submit(CollectiveOp op, Body body);
   std::shared_ptr<Work> SubmitChecked(CollectiveOp op, CheckedBody body);
+
+  // Names peers for an error: `ranks` (of this group, or of the leaders'
+  // context when `leaders`) grouped by host, "host 'b' (ranks 2, 3)"; with
+  // no ranks (gloo did not say which), this rank's host and the others'
+  // ("" when the group is on one host or the hosts are unknown).
+  std::string Peers(const std::vector<int>& ranks, bool leaders = false) const;
+  // Runs a gloo call of this group (of the leaders' context when
+  // `leaders`): what it throws becomes a status naming the peers.
+  absl::Status Call(const std::function<void()>& fn,
+                    bool leaders = false) const;
 
   std::chrono::milliseconds timeout() const;
   // Every gloo collective's options take the op's tag and the group's

@@ -616,6 +616,47 @@ TEST_P(TransportTest, PeerThatSkipsAnOpTimesOutAndBreaksTheGroup) {
       GetParam());
 }
 
+// Across hosts, a peer that does not answer is named with its host: here
+// rank 3 (of host1) stays connected but never joins the all-gather, and
+// every other rank, on either host, times out naming it.
+TEST_F(CohortdTest, PeerThatDoesNotAnswerIsNamedWithItsHost) {
+  RunRanks(
+      4, 4,
+      [](const Rank& r) -> absl::Status {
+        absl::StatusOr<std::unique_ptr<GlooProcessGroup>> group =
+            r.NewGroup(absl::Seconds(1));
+        if (!group.ok()) return group.status();
+        if (r.rank == 3) {
+          for (int q = 0; q < 3; ++q) {
+            RETURN_IF_ERROR(
+                r.store
+                    ->Get(absl::StrCat(r.prefix, "/done", q), absl::Seconds(30))
+                    .status());
+          }
+          return absl::OkStatus();
+        }
+        float mine = r.rank;
+        std::vector<float> all(4);
+        absl::Status status =
+            (*group)
+                ->AllGather(BufferView::Of(&mine, 1),
+                            BufferView::Of(all.data(), all.size()))
+                ->Wait(kWait);
+        RETURN_IF_ERROR(
+            r.store->Set(absl::StrCat(r.prefix, "/done", r.rank), "1"));
+        if (status.code() != absl::StatusCode::kDeadlineExceeded ||
+            !absl::StrContains(status.message(),
+                               "from host 'host1' (rank 3)")) {
+          return absl::InternalError(absl::StrCat(
+              "want DEADLINE_EXCEEDED naming host 'host1' (rank 3), got ",
+              status.ToString()));
+        }
+        std::fprintf(stderr, "as expected: %s\n", status.ToString().c_str());
+        return absl::OkStatus();
+      },
+      Transport::kTwoHosts);
+}
+
 absl::Status ExpectSum(ProcessGroup& pg, int32_t value, int32_t want,
                        absl::string_view what) {
   RETURN_IF_ERROR(

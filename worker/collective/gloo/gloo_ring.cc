@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gloo/common/error.h"
@@ -23,18 +24,78 @@ using gloo::transport::UnboundBuffer;
 // and 64 MiB all-reduces and reduce-scatters of 2 ranks (bench/README.md).
 constexpr size_t kSegmentBytes = 2 << 20;
 
+bool IsTimeout(const gloo::IoException& e) {
+  return std::strstr(e.what(), "imed out") != nullptr;
+}
+
+// Waits for one receive (or send) on `buffer`, whose peer is `peer`: a
+// timeout throws PeersTimedOut naming it (gloo's own IoException where
+// `peer` is -1: a buffer sending to several peers cannot tell which).
 void WaitRecv(UnboundBuffer& buffer, std::chrono::milliseconds timeout,
-              const char* what) {
-  if (!buffer.waitRecv(timeout)) {
-    throw gloo::IoException(std::string(what) + ": receive aborted");
+              const char* what, int peer) {
+  try {
+    if (!buffer.waitRecv(timeout)) {
+      throw gloo::IoException(std::string(what) + ": receive aborted");
+    }
+  } catch (const PeersTimedOut&) {
+    throw;
+  } catch (const gloo::IoException& e) {
+    if (!IsTimeout(e)) throw;
+    throw PeersTimedOut({peer}, std::string(what) + ": " + e.what());
   }
 }
 
 void WaitSend(UnboundBuffer& buffer, std::chrono::milliseconds timeout,
-              const char* what) {
-  if (!buffer.waitSend(timeout)) {
-    throw gloo::IoException(std::string(what) + ": send aborted");
+              const char* what, int peer = -1) {
+  try {
+    if (!buffer.waitSend(timeout)) {
+      throw gloo::IoException(std::string(what) + ": send aborted");
+    }
+  } catch (const PeersTimedOut&) {
+    throw;
+  } catch (const gloo::IoException& e) {
+    if (!IsTimeout(e) || peer < 0) throw;
+    throw PeersTimedOut({peer}, std::string(what) + ": " + e.what());
   }
+}
+
+// Waits for one message from every other rank, each posted on its own
+// buffer (`from[rank]`, null for this rank). On a timeout, the peers whose
+// message had not come by then are named: the one waited for and those
+// whose messages a brief look does not find either.
+void WaitRecvFromEach(const std::vector<std::unique_ptr<UnboundBuffer>>& from,
+                      std::chrono::milliseconds timeout, const char* what) {
+  for (size_t r = 0; r < from.size(); ++r) {
+    if (from[r] == nullptr) continue;
+    try {
+      WaitRecv(*from[r], timeout, what, static_cast<int>(r));
+    } catch (const PeersTimedOut& e) {
+      std::vector<int> missing = e.ranks();
+      for (size_t q = r + 1; q < from.size(); ++q) {
+        if (from[q] == nullptr) continue;
+        try {
+          if (!from[q]->waitRecv(std::chrono::milliseconds(1))) {
+            missing.push_back(static_cast<int>(q));
+          }
+        } catch (const gloo::IoException&) {
+          missing.push_back(static_cast<int>(q));
+        }
+      }
+      throw PeersTimedOut(std::move(missing), e.what());
+    }
+  }
+}
+
+// One receive buffer per other rank r, over `bytes` at base + r * stride.
+std::vector<std::unique_ptr<UnboundBuffer>> BufferPerPeer(
+    gloo::Context& context, char* base, size_t stride, size_t bytes) {
+  std::vector<std::unique_ptr<UnboundBuffer>> buffers(context.size);
+  for (int r = 0; r < context.size; ++r) {
+    if (r != context.rank) {
+      buffers[r] = context.createUnboundBuffer(base + r * stride, bytes);
+    }
+  }
+  return buffers;
 }
 
 // How a ring cuts a buffer of `count` elements into context.size blocks
@@ -91,12 +152,12 @@ class CheckExchange {
     for (char c : check) hash = (hash ^ static_cast<uint8_t>(c)) * 16777619u;
     salt_ = 1 + hash % 0xfffffe;
     all_.assign(kCheckBytes * context.size, '\0');
-    recv_ = context.createUnboundBuffer(all_.data(), all_.size());
+    recv_ = BufferPerPeer(context, all_.data(), kCheckBytes, kCheckBytes);
     send_ = context.createUnboundBuffer(mine_.data(), mine_.size());
     // The slot of the engine's exchange (AllGatherBytes under tag + 1).
     const uint64_t slot = MakeSlot(kDirectAllGatherSlotPrefix, tag + 1, 0);
     for (int r = 0; r < context.size; ++r) {
-      if (r != context.rank) recv_->recv(r, slot, r * kCheckBytes, kCheckBytes);
+      if (r != context.rank) recv_[r]->recv(r, slot, 0, kCheckBytes);
     }
     for (int r = 0; r < context.size; ++r) {
       if (r != context.rank) send_->send(r, slot, 0, kCheckBytes);
@@ -108,11 +169,7 @@ class CheckExchange {
 
   void Verify(std::chrono::milliseconds timeout, const char* what) {
     if (!active_) return;
-    for (int r = 1; r < context_.size; ++r) {
-      if (!recv_->waitRecv(timeout)) {
-        throw gloo::IoException(std::string(what) + ": check receive aborted");
-      }
-    }
+    WaitRecvFromEach(recv_, timeout, what);
     for (int r = 1; r < context_.size; ++r) {
       if (!send_->waitSend(timeout)) {
         throw gloo::IoException(std::string(what) + ": check send aborted");
@@ -135,7 +192,7 @@ class CheckExchange {
   uint32_t salt_ = 0;
   std::vector<char> mine_;
   std::vector<char> all_;
-  std::unique_ptr<UnboundBuffer> recv_;
+  std::vector<std::unique_ptr<UnboundBuffer>> recv_;  // By rank.
   std::unique_ptr<UnboundBuffer> send_;
 };
 
@@ -266,7 +323,7 @@ void RingReduceScatter(gloo::Context& context, const void* input, void* output,
     for (size_t k = 0; k < layout.segments; ++k) {
       const size_t n = layout.Length(b, k);
       if (n == 0) continue;
-      WaitRecv(*scratch[s % 2][k], timeout, kWhat);
+      WaitRecv(*scratch[s % 2][k], timeout, kWhat, prev);
       const size_t in_at = layout.Begin(b, k) * esize;
       const size_t at = layout.ScratchBegin(k) * esize;
       char* dst;
@@ -276,7 +333,7 @@ void RingReduceScatter(gloo::Context& context, const void* input, void* output,
         // This accumulator was sent two steps ago; its bytes must be out
         // before they are overwritten.
         if (acc_sending[s % 2][k]) {
-          WaitSend(*acc[s % 2][k], timeout, kWhat);
+          WaitSend(*acc[s % 2][k], timeout, kWhat, next);
           acc_sending[s % 2][k] = false;
         }
         dst = memory[2 + s % 2] + at;
@@ -291,10 +348,10 @@ void RingReduceScatter(gloo::Context& context, const void* input, void* output,
       }
     }
   }
-  for (auto& send : first_sends) WaitSend(*send, timeout, kWhat);
+  for (auto& send : first_sends) WaitSend(*send, timeout, kWhat, next);
   for (int p = 0; p < 2; ++p) {
     for (size_t k = 0; k < acc_sending[p].size(); ++k) {
-      if (acc_sending[p][k]) WaitSend(*acc[p][k], timeout, kWhat);
+      if (acc_sending[p][k]) WaitSend(*acc[p][k], timeout, kWhat, next);
     }
   }
 }
@@ -382,7 +439,7 @@ void RingAllReduce(gloo::Context& context, void* data, size_t count,
     for (size_t k = 0; k < layout.segments; ++k) {
       const size_t n = layout.Length(b, k);
       if (n == 0) continue;
-      WaitRecv(*recv_buffer(s, k), timeout, kWhat);
+      WaitRecv(*recv_buffer(s, k), timeout, kWhat, prev);
       if (s < reduce_steps) {
         char* mine = base + layout.Begin(b, k) * esize;
         Combine(dtype, op, mine, mine,
@@ -391,7 +448,7 @@ void RingAllReduce(gloo::Context& context, void* data, size_t count,
       if (s + 1 < steps) send(s + 1, k);
     }
   }
-  for (UnboundBuffer* buffer : sent) WaitSend(*buffer, timeout, kWhat);
+  for (UnboundBuffer* buffer : sent) WaitSend(*buffer, timeout, kWhat, next);
 }
 
 void DirectAllReduce(gloo::Context& context, void* data, size_t count,
@@ -413,14 +470,14 @@ void DirectAllReduce(gloo::Context& context, void* data, size_t count,
   // than small and large ones.
   Scratch scratch(bytes * size, 1);
   char* const all = scratch[0];
-  std::unique_ptr<UnboundBuffer> recv_buffer =
-      context.createUnboundBuffer(all, bytes * size);
+  std::vector<std::unique_ptr<UnboundBuffer>> recv_buffers =
+      BufferPerPeer(context, all, bytes, bytes);
   std::unique_ptr<UnboundBuffer> send_buffer =
       context.createUnboundBuffer(mine, bytes);
   const uint64_t slot =
       MakeSlot(kDirectAllReduceSlotPrefix, tag, checked.salt());
   for (int r = 0; r < size; ++r) {
-    if (r != rank) recv_buffer->recv(r, slot, r * bytes, bytes);
+    if (r != rank) recv_buffers[r]->recv(r, slot, 0, bytes);
   }
   // Sends wait for the check: on a mismatch no rank sends, so the posted
   // receives (whose slot no other op uses) are simply never matched.
@@ -429,7 +486,7 @@ void DirectAllReduce(gloo::Context& context, void* data, size_t count,
     if (r != rank) send_buffer->send(r, slot, 0, bytes);
   }
   if (rank > 1) std::memcpy(all + rank * bytes, mine, bytes);
-  for (int r = 1; r < size; ++r) WaitRecv(*recv_buffer, timeout, kWhat);
+  WaitRecvFromEach(recv_buffers, timeout, kWhat);
   for (int r = 1; r < size; ++r) WaitSend(*send_buffer, timeout, kWhat);
   // In rank order on every rank, so every rank gets the same bits.
   auto source = [&](int r) -> const char* {
@@ -455,8 +512,8 @@ void DirectAllGather(gloo::Context& context, const void* input, size_t bytes,
     return;
   }
   CheckExchange checked(context, check, tag);
-  std::unique_ptr<UnboundBuffer> buffer =
-      context.createUnboundBuffer(out, bytes * size);
+  std::vector<std::unique_ptr<UnboundBuffer>> buffers =
+      BufferPerPeer(context, out, bytes, bytes);
   // Sent from the input itself, so that this rank's slot of the output is
   // written only once the check has passed.
   std::unique_ptr<UnboundBuffer> source =
@@ -464,7 +521,7 @@ void DirectAllGather(gloo::Context& context, const void* input, size_t bytes,
   const uint64_t slot =
       MakeSlot(kDirectAllGatherSlotPrefix, tag, checked.salt());
   for (int r = 0; r < size; ++r) {
-    if (r != rank) buffer->recv(r, slot, r * bytes, bytes);
+    if (r != rank) buffers[r]->recv(r, slot, 0, bytes);
   }
   checked.Verify(timeout, kWhat);  // Before any send: see DirectAllReduce.
   for (int r = 0; r < size; ++r) {
@@ -472,7 +529,7 @@ void DirectAllGather(gloo::Context& context, const void* input, size_t bytes,
   }
   for (int r = 1; r < size; ++r) WaitSend(*source, timeout, kWhat);
   std::memmove(out + rank * bytes, input, bytes);
-  for (int r = 1; r < size; ++r) WaitRecv(*buffer, timeout, kWhat);
+  WaitRecvFromEach(buffers, timeout, kWhat);
 }
 
 }  // namespace cohort

@@ -9,9 +9,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/string_view.h"
-
+#include "gloo/common/error.h"
 #include "gloo/context.h"
 #include "worker/collective/dtype.h"
 
@@ -30,11 +33,26 @@ inline constexpr uint8_t kDirectAllGatherSlotPrefix = 0xc5;
 // (< 2^24) below.
 uint64_t MakeSlot(uint8_t prefix, uint32_t tag, uint32_t step);
 
+// Thrown by the functions below when peers did not answer within the
+// timeout: ranks() are those (ranks of the context) whose messages had not
+// come, or to which a send could not be written, so that the caller can
+// name their hosts. A gloo::IoException, for callers that do not look.
+class PeersTimedOut : public gloo::IoException {
+ public:
+  PeersTimedOut(std::vector<int> ranks, const std::string& what)
+      : gloo::IoException(what), ranks_(std::move(ranks)) {}
+  const std::vector<int>& ranks() const { return ranks_; }
+
+ private:
+  std::vector<int> ranks_;
+};
+
 // What every function below shares: `tag` must be the same on every rank
 // and unique among the ops in flight; each throws what gloo throws
-// (gloo::IoException when a peer does not answer within `timeout` or its
-// connection breaks). kAvg combines as kSum: the caller divides. The
-// all-reduces leave bit-identical results on every rank.
+// (gloo::IoException when its connection to a peer breaks), and
+// PeersTimedOut when peers do not answer within `timeout`. kAvg combines as
+// kSum: the caller divides. The all-reduces leave bit-identical results on
+// every rank.
 
 // Ring reduce-scatter. `input` holds context.size blocks of `block_count`
 // elements of `dtype`; `output` receives the `op` of every rank's block

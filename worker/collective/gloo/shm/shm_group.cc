@@ -202,7 +202,12 @@ absl::Status ShmGroup::BroadcastFromLeader(const BufferView& data,
     }
     return Broadcast(data, 0);
   }
-  // The first round's barrier publishes the leader's status.
+  // The first round's barrier publishes the leader's status. The leader
+  // may spend up to a timeout of its own waiting on the other hosts before
+  // it has one to publish, and that status names the host it waited for:
+  // wait for it a timeout longer, rather than fail first naming only the
+  // leader.
+  deadline_ += segment_->options().timeout;
   const size_t bytes = data.bytes();
   char* out = static_cast<char*>(data.data);
   for (size_t off = 0; off == 0 || off < bytes; off += slot_bytes()) {
