@@ -580,6 +580,41 @@ absl::Status GlooProcessGroup::HierarchicalAllReduce(const CollectiveOp& op,
   return locality_.shm->BroadcastFromLeader(b, across);
 }
 
+absl::Status GlooProcessGroup::HierarchicalBroadcast(const CollectiveOp& op,
+                                                     uint32_t tag) {
+  const BufferView& b = op.output;
+  const std::vector<std::string>& hosts = locality_.hosts;
+  const std::string& root_host = hosts[op.root];
+  const bool on_root_host = hosts[rank_] == root_host;
+  if (on_root_host && locality_.shm != nullptr) {
+    // The root's local rank: its place among this host's ranks.
+    const int local_root = static_cast<int>(
+        std::count(hosts.begin(), hosts.begin() + op.root, root_host));
+    absl::Status local =
+        locality_.shm->Run(CollectiveOp::Broadcast(b, local_root), "");
+    if (!local.ok()) return local;
+  }
+  absl::Status across;
+  if (locality_.leaders != nullptr) {
+    const std::vector<int>& leaders = locality_.leader_ranks;
+    const int leader_root = static_cast<int>(
+        std::find_if(leaders.begin(), leaders.end(),
+                     [&](int r) { return hosts[r] == root_host; }) -
+        leaders.begin());
+    across = Call(
+        [&] {
+          gloo::BroadcastOptions opts(locality_.leaders);
+          opts.setOutput(Bytes(b), b.bytes());
+          opts.setRoot(leader_root);
+          SetTagAndTimeout(opts, tag);
+          gloo::broadcast(opts);
+        },
+        /*leaders=*/true);
+  }
+  if (on_root_host || locality_.shm == nullptr) return across;
+  return locality_.shm->BroadcastFromLeader(b, across);
+}
+
 std::shared_ptr<Work> GlooProcessGroup::SubmitChecked(CollectiveOp op,
                                                       CheckedBody body) {
   if ((locality_.whole_group && locality_.shm != nullptr) ||
@@ -608,6 +643,12 @@ std::shared_ptr<Work> GlooProcessGroup::Submit(CollectiveOp op, Body body) {
     return engine_.Submit(std::move(op), [this](const CollectiveOp& op,
                                                 const OpEngine::OpRun& run) {
       return HierarchicalAllReduce(op, run.tag);
+    });
+  }
+  if (locality_.hierarchical && op.kind == OpKind::kBroadcast) {
+    return engine_.Submit(std::move(op), [this](const CollectiveOp& op,
+                                                const OpEngine::OpRun& run) {
+      return HierarchicalBroadcast(op, run.tag);
     });
   }
   return engine_.Submit(

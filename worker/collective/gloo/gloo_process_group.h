@@ -17,8 +17,12 @@
 //    in the segment (OpEngine::OpRun);
 //  - a group over several hosts runs AllReduce hierarchically: a reduce to
 //    each host's first rank over shared memory, an all-reduce among those
-//    leaders over TCP, and a broadcast from the leader over shared memory.
-//    Its other collectives use TCP, and verify_ops an exchange over TCP.
+//    leaders over TCP, and a broadcast from the leader over shared memory;
+//    and Broadcast too: over shared memory on the root's host, among the
+//    leaders over TCP from the root host's leader, then from each leader
+//    over shared memory, so that the data crosses to each host once rather
+//    than once per rank there. Its other collectives use TCP, and
+//    verify_ops an exchange over TCP.
 //
 // Reductions use reduce.h's kernels. The engine widens f16 and bf16 buffers
 // to f32 for the whole collective and rounds once at the end, so the result
@@ -54,8 +58,8 @@ namespace cohort {
 struct GlooShmOptions {
   // Collectives among ranks of one host run over shared memory
   // (shm/shm_group.h) instead of loopback TCP: all of them when the whole
-  // group is on one host, and AllReduce hierarchically otherwise (see the
-  // class comment). Send and Recv always use TCP.
+  // group is on one host, and AllReduce and Broadcast hierarchically
+  // otherwise (see the class comment). Send and Recv always use TCP.
   bool enabled = true;
   // Ranks with the same host id share memory. Empty: $COHORT_HOST_ID if
   // set, else the host name and the kernel's boot id. Tests set it to
@@ -177,8 +181,10 @@ class GlooProcessGroup final : public ProcessGroup {
   static OpEngineOptions EngineOptions(const ProcessGroupOptions& group,
                                        const Locality& locality);
 
-  // The hierarchical AllReduce body (see the class comment).
+  // The hierarchical AllReduce and Broadcast bodies (see the class
+  // comment).
   absl::Status HierarchicalAllReduce(const CollectiveOp& op, uint32_t tag);
+  absl::Status HierarchicalBroadcast(const CollectiveOp& op, uint32_t tag);
 
   // Creates the group of `rank` of `size` under this group's prefix
   // extended by `suffix`.
