@@ -33,6 +33,9 @@ VENV_PYTHON=${PYTHON:-$root/.venv/bin/python}
 export TORCH_CPP_LOG_LEVEL=ERROR
 SECONDS_PER_RUN=${LIN_SECONDS:-20}
 FAULTS=${LIN_FAULTS:-4}
+# Key groups at a time (the clients move to fresh ones every 5 s, so a
+# long run stays cheap to check: store_history's header).
+KEY_GROUPS=${LIN_GROUPS:-4}
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
 OUT=${TEST_UNDECLARED_OUTPUTS_DIR:-$TMP}
 export ETCDCTL_API=3
@@ -52,19 +55,39 @@ clients() {
   local port=$1; shift
   local targets
   targets=$(IFS=';'; echo "$*")
-  "$HISTORY" --targets="$targets" --clients=6 --client_base=0 \
+  "$HISTORY" --targets="$targets" --clients=6 --client_base=0 --groups="$KEY_GROUPS" \
     --seconds="$SECONDS_PER_RUN" --out="$TMP/grpc.jsonl" >"$TMP/grpc.out" 2>&1 &
   client_pids=($!)
   if [[ -x "$VENV_PYTHON" ]]; then
-    "$VENV_PYTHON" "$TORCH_CLIENT" --port="$port" --clients=2 --client-base=50 \
-      --seconds="$SECONDS_PER_RUN" --out="$TMP/torch2.jsonl" >"$TMP/torch2.out" 2>&1 &
+    torch_clients "$VENV_PYTHON" "$port" 2 50 torch2 &
     client_pids+=($!)
   else
     fail "no PyTorch 2.x venv (tools/setup.sh makes it)"
   fi
-  /usr/bin/python3 "$TORCH_CLIENT" --port="$port" --clients=1 --client-base=60 \
-    --seconds="$SECONDS_PER_RUN" --out="$TMP/torch113.jsonl" >"$TMP/torch113.out" 2>&1 &
+  torch_clients /usr/bin/python3 "$port" 1 60 torch113 &
   client_pids+=($!)
+}
+# torch_clients PYTHON PORT N BASE NAME: N torch clients for the rest of the
+# run, into $TMP/NAME.jsonl. When torch aborts the process (1.13's client
+# can, on a connection cohortd's kill reset), the operations it had in
+# flight go into the history as unknown and the clients start again as new
+# ones (client numbers BASE + 100 per restart).
+torch_clients() {
+  local python=$1 port=$2 n=$3 base=$4 name=$5 end=$((SECONDS + SECONDS_PER_RUN)) restarts=0 rc
+  : >"$TMP/$name.jsonl"
+  while ((SECONDS < end)); do
+    "$python" "$TORCH_CLIENT" --port="$port" --clients="$n" --groups="$KEY_GROUPS" \
+      --client-base=$((base + 100 * restarts)) --seconds=$((end - SECONDS)) \
+      --out="$TMP/$name.jsonl" >>"$TMP/$name.out" 2>&1
+    rc=$?
+    cat "$TMP/$name.jsonl".inflight.* >>"$TMP/$name.jsonl" 2>/dev/null
+    rm -f "$TMP/$name.jsonl".inflight.*
+    ((rc == 0)) && break
+    restarts=$((restarts + 1))
+    echo "torch_store_history ($name) exited $rc; restarted as new clients ($restarts)" >>"$TMP/$name.out"
+  done
+  grep -h "restarted as new" "$TMP/$name.out" | tail -1
+  return 0
 }
 # Waits for the clients; true while any runs.
 clients_running() { local p; for p in "${client_pids[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
@@ -83,7 +106,8 @@ check() {
   echo "lincheck: $(cat "$TMP/lincheck.json")"
   case "$expect:$rc" in
     ok:0 | illegal:1) ;;
-    *) head -40 "$TMP/lincheck.err"; fail "lincheck exited $rc where $expect was expected" ;;
+    *) head -40 "$TMP/lincheck.err"; cp "$TMP"/*.jsonl "$OUT"/ 2>/dev/null
+       fail "lincheck exited $rc where $expect was expected (histories kept in the test's outputs)" ;;
   esac
   python3 - "$TMP/lincheck.json" "$TMP"/*.jsonl <<'EOF'
 import collections, json, sys

@@ -42,6 +42,7 @@ root=$(dirname "$(dirname "$(readlink -f tools/requirements.txt)")")
 VENV_PYTHON=${PYTHON:-$root/.venv/bin/python}
 export TORCH_CPP_LOG_LEVEL=ERROR ETCDCTL_API=3
 HOLD=${PARTITION_HOLD_S:-6}
+KEY_GROUPS=4  # at a time (store_history's header)
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
 OUT=${TEST_UNDECLARED_OUTPUTS_DIR:-$TMP}
 source tests/robustness/cluster_lib.sh
@@ -59,11 +60,11 @@ wait_for cohortd_leader "" >/dev/null || { fail "no cohortd leader"; exit 1; }
 
 # Clients: target i < 3 is replica i alone; target 3 fails over across all.
 "$HISTORY" --targets="$(replica_addr 0);$(replica_addr 1);$(replica_addr 2);$ADDRS" \
-  --clients=8 --seconds=0 --rpc_timeout_ms=3000 --out="$TMP/grpc.jsonl" \
+  --clients=8 --groups="$KEY_GROUPS" --seconds=0 --rpc_timeout_ms=3000 --out="$TMP/grpc.jsonl" \
   >"$TMP/grpc.out" 2>&1 &
 client_pids=($!)
 "$VENV_PYTHON" "$TORCH_CLIENT" --host="${replica_ip[2]}" --port="${tcpstore_port[2]}" \
-  --clients=1 --client-base=50 --seconds=0 --out="$TMP/torch2.jsonl" \
+  --clients=1 --client-base=50 --groups="$KEY_GROUPS" --seconds=0 --out="$TMP/torch2.jsonl" \
   >"$TMP/torch2.out" 2>&1 &
 client_pids+=($!)
 sleep 2
@@ -185,7 +186,10 @@ cat "$TMP"/grpc.out "$TMP"/torch2.out | grep "history:"
   >"$TMP/lincheck.json" 2>"$TMP/lincheck.err"
 rc=$?
 echo "lincheck: $(cat "$TMP/lincheck.json")"
-((rc == 0)) || { head -40 "$TMP/lincheck.err"; fail "lincheck exited $rc: the history is not linearizable"; }
+((rc == 0)) || {
+  head -40 "$TMP/lincheck.err"; cp "$TMP"/*.jsonl "$TMP/windows.txt" "$OUT"/ 2>/dev/null
+  fail "lincheck exited $rc: the history is not linearizable (histories kept in the test's outputs)"
+}
 python3 tests/robustness/history_windows.py "$windows" "$TMP"/grpc.jsonl "$TMP"/torch2.jsonl ||
   fail "a cut-off replica acknowledged what it could not commit"
 

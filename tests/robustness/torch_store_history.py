@@ -10,11 +10,17 @@ on as a new process, as store_history does after an unknown write.
 
   python torch_store_history.py --port 29400 --clients 2 --client-base 50 \
       --seconds 20 --out torch.jsonl
-Runs until --seconds pass or SIGTERM, then writes the history.
+Runs until --seconds pass or SIGTERM. Each completed operation is appended
+to OUT at once; those in flight are kept in OUT.inflight.<client> (as
+unknown) and removed at a clean exit. torch 1.13's client can abort the
+process when cohortd resets its connection (a background thread throws):
+the test then appends the in-flight files and starts the client again
+under new client numbers (linearizability_test.sh).
 """
 import argparse
 import datetime
 import json
+import os
 import random
 import signal
 import threading
@@ -36,17 +42,44 @@ RECORDED_AS = {"get": "tcp_get", "multi_get": "tcp_multi_get"}
 
 
 class Client:
-    def __init__(self, args, ident, stop):
+    def __init__(self, args, ident, stop, sink):
         self.args = args
+        self.sink = sink
+        self.inflight_path = "%s.inflight.%d" % (args.out, ident)
         self.ident = ident
         self.generation = 0
         self.seq = 0
         self.stop = stop
         self.rng = random.Random(args.seed + ident)
         self.store = None
-        self.history = []
+        self.broken = []
         self.can_multi = hasattr(dist.TCPStore, "multi_get")
         self.can_append = hasattr(dist.TCPStore, "append")
+        self.can_check = hasattr(dist.TCPStore, "check")  # not in 1.13
+
+    def record(self, r):
+        """Appends a completed operation to the history file at once, so
+        that a crash loses nothing but the operations in flight."""
+        with self.sink.lock:
+            self.sink.file.write(json.dumps(r) + "\n")
+            self.sink.file.flush()
+            self.sink.counts[r["status"]] = self.sink.counts.get(r["status"], 0) + 1
+
+    def in_flight(self, records):
+        """Keeps the operations about to run in OUT.inflight.<client>, as of
+        unknown outcome: if torch takes the process down meanwhile, the
+        test appends them to the history (a call whose end nobody saw)."""
+        with open(self.inflight_path, "w") as f:
+            for r in records:
+                f.write(json.dumps(dict(r, status="unknown", **{"return": r["call"]})) + "\n")
+
+    def drop_connection(self):
+        """Leaves the broken client alive: torch 1.13's TCPStore can abort
+        the process from its destructor when its connection was reset
+        ("terminate called ... Connection reset by peer"). They are never
+        destroyed: main() leaves with os._exit."""
+        self.broken.append(self.store)
+        self.store = None
 
     def connect(self):
         while not self.stop.is_set():
@@ -61,35 +94,36 @@ class Client:
                 time.sleep(0.2)
         return False
 
-    def key(self, group, name):
-        return "%sg%d/%s" % (self.args.prefix, group, name)
-
     def fresh(self):
         self.seq += 1
         return "t%d-%d" % (self.ident, self.seq)
 
     def next_op(self):
         g = self.rng.randrange(self.args.groups)
-        skey = self.key(g, self.rng.choice("abc"))
+        # The wall clock's epoch, as store_history's (its header says why),
+        # once for all of the op's keys.
+        epoch = time.time_ns() // (self.args.epoch_seconds * 1000000000)
+        key = lambda name: "%se%dg%d/%s" % (self.args.prefix, epoch, g, name)
+        skey = key(self.rng.choice("abc"))
         dice = self.rng.randrange(100)
         if dice < 20:
             return "set", [skey], [self.fresh()]
         if dice < 35:
             return "get", [skey], []
-        if dice < 43:
-            return "check", [skey, self.key(g, "n")], []
+        if dice < 43 and self.can_check:
+            return "check", [skey, key("n")], []
         if dice < 58:
-            return "add", [self.key(g, "n")], [str(self.rng.randint(1, 5))]
+            return "add", [key("n")], [str(self.rng.randint(1, 5))]
         if dice < 68:
             return "cas", [skey], [self.rng.choice(["", "c0-1"]), self.fresh()]
         if dice < 73:
             return "delete", [skey], []
         if dice < 78:
-            return "wait", [self.key(g, "a"), self.key(g, "b")], []
+            return "wait", [key("a"), key("b")], []
         if dice < 90 and self.can_multi:
-            return "multi_get", [self.key(g, "a"), self.key(g, "b")], []
+            return "multi_get", [key("a"), key("b")], []
         if dice < 96 and self.can_multi:
-            keys = [self.key(g, "a"), self.key(g, "b")]
+            keys = [key("a"), key("b")]
             return "multi_set", keys, [self.fresh() for _ in keys]
         if self.can_append:
             return "append", [skey], ["+t%d.%d" % (self.ident, self.seq)]
@@ -132,7 +166,7 @@ class Client:
             else:
                 r["status"] = "unknown"
                 r["error"] = "no later answer on this connection: " + error
-            self.history.append(r)
+            self.record(r)
         self.unanswered = []
 
     def run(self):
@@ -145,6 +179,7 @@ class Client:
             record = {"client": self.ident * 1000 + self.generation, "target": -1,
                       "op": RECORDED_AS.get(op, op), "keys": ["/" + k for k in keys], "values": values,
                       "call": time.time_ns()}
+            self.in_flight(self.unanswered + [record])
             try:
                 out = self.apply(op, keys, values)
                 record["return"] = time.time_ns()
@@ -157,24 +192,36 @@ class Client:
                 record["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
                 self.settle(record["return"], record["error"])
                 self.generation += 1
-                self.store = None
+                self.drop_connection()
                 time.sleep(self.args.backoff_ms / 1000)
-                self.history.append(record)
+                self.record(record)
                 if not self.connect():
                     return
                 continue
             if op in UNANSWERED:
-                # It overlaps the calls after it on this connection, so it
-                # is recorded as a client of its own.
+                # It overlaps the call that confirms it, so it is recorded
+                # as a client of its own; num_keys, answered, confirms it at
+                # once (else a later failed call, a timed-out get say,
+                # would leave it unknown).
                 self.pipelined += 1
                 record["client"] = (self.ident * 1000 + 999) * 1000000 + self.pipelined
                 self.unanswered.append(record)
+                self.in_flight(self.unanswered)
+                try:
+                    self.store.num_keys()
+                    self.settle(time.time_ns())
+                except Exception as e:
+                    self.settle(time.time_ns(), str(e).splitlines()[0] if str(e) else "error")
+                    self.generation += 1
+                    self.drop_connection()
+                    if not self.connect():
+                        return
             else:
                 self.settle(record["return"])
-                self.history.append(record)
+                self.record(record)
         if self.unanswered:  # An answered call confirms them.
             try:
-                self.store.check(["lin/flush"])
+                self.store.num_keys()
                 self.settle(time.time_ns())
             except Exception as e:
                 self.settle(time.time_ns(), str(e).splitlines()[0] if str(e) else "error")
@@ -188,6 +235,7 @@ def main():
     p.add_argument("--client-base", type=int, default=50)
     p.add_argument("--groups", type=int, default=4)
     p.add_argument("--prefix", default="lin/")
+    p.add_argument("--epoch-seconds", type=int, default=5)
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--op-timeout-ms", type=int, default=500)
     p.add_argument("--connect-timeout", type=float, default=5)
@@ -198,7 +246,8 @@ def main():
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    clients = [Client(args, args.client_base + i, stop) for i in range(args.clients)]
+    sink = argparse.Namespace(lock=threading.Lock(), file=open(args.out, "a"), counts={})
+    clients = [Client(args, args.client_base + i, stop, sink) for i in range(args.clients)]
     threads = [threading.Thread(target=c.run) for c in clients]
     for t in threads:
         t.start()
@@ -206,15 +255,16 @@ def main():
     stop.set()
     for t in threads:
         t.join()
-    counts = {}
-    with open(args.out, "w") as f:
-        for c in clients:
-            for r in c.history:
-                f.write(json.dumps(r) + "\n")
-                counts[r["status"]] = counts.get(r["status"], 0) + 1
+    sink.file.close()
+    for c in clients:
+        if os.path.exists(c.inflight_path):
+            os.remove(c.inflight_path)
+    counts = sink.counts
     print("torch_store_history: torch %s, %s: %s" % (
         torch.__version__, args.out,
-        " ".join("%s=%d" % kv for kv in sorted(counts.items()))))
+        " ".join("%s=%d" % kv for kv in sorted(counts.items()))), flush=True)
+    # Skips the TCPStore destructors (drop_connection says why).
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,13 @@
 // ends: after --seconds, or at SIGTERM/SIGINT once every client has
 // finished its operation in flight.
 //
-// Keys are "<prefix>g<G>/<name>": names a, b, c hold strings, n a counter;
-// multi-key operations stay inside one group, so the checker can split the
-// history by group. Values are unique ("c<client>-<n>").
+// Keys are "<prefix>e<E>g<G>/<name>": names a, b, c hold strings, n a
+// counter; multi-key operations stay inside one group, so the checker can
+// split the history by group. E is the wall clock in --epoch_seconds (the
+// same in every process on the machine): the clients move to fresh groups
+// every few seconds, so a long run makes many short groups, each as
+// contended as a short run's, where porcupine's cost stays small. Values
+// are unique ("c<client>-<n>").
 //
 //   store_history --targets='IP:PORT;IP:PORT;IP:PORT,IP:PORT' --clients=6 \
 //     --seconds=20 --out=history.jsonl
@@ -52,6 +56,8 @@ ABSL_FLAG(int, clients, 6, "concurrent clients");
 ABSL_FLAG(int, client_base, 0, "id of the first client (unique across files)");
 ABSL_FLAG(int, groups, 4, "key groups");
 ABSL_FLAG(std::string, prefix, "/lin/", "key prefix");
+ABSL_FLAG(int, epoch_seconds, 5,
+          "keys move to a fresh set every so many seconds of wall time");
 ABSL_FLAG(double, seconds, 10, "run time; 0 runs until SIGTERM");
 ABSL_FLAG(int, op_timeout_ms, 500, "timeout of blocking get/wait/multi_get");
 ABSL_FLAG(int, rpc_timeout_ms, 3000, "deadline of each call");
@@ -162,7 +168,8 @@ class Client {
  private:
   int Pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng_); }
   std::string Key(int group, absl::string_view name) {
-    return absl::StrCat(absl::GetFlag(FLAGS_prefix), "g", group, "/", name);
+    return absl::StrCat(absl::GetFlag(FLAGS_prefix), "e", epoch_, "g", group,
+                        "/", name);
   }
   std::string Fresh() { return absl::StrCat("c", id_, "-", ++seq_); }
   std::string StringKey(int group) {
@@ -173,6 +180,8 @@ class Client {
   // A random operation with its arguments.
   Op Next() {
     Op op;
+    epoch_ = absl::GetCurrentTimeNanos() /
+             (int64_t{1000000000} * absl::GetFlag(FLAGS_epoch_seconds));
     const int group = Pick(absl::GetFlag(FLAGS_groups));
     const int dice = Pick(100);
     if (dice < 18) {
@@ -275,6 +284,7 @@ class Client {
   int64_t seq_ = 0;
   int generation_ = 0;
   int failures_ = 0;  // In a row.
+  int64_t epoch_ = 0;
   std::map<std::string, std::string> last_seen_;
 };
 
