@@ -551,6 +551,21 @@ OpEngineOptions GlooProcessGroup::EngineOptions(
   if (locality.shm != nullptr || locality.hierarchical) {
     options.group.threads = 1;
   }
+  // A rank whose op fails outside shared memory (the check exchange with
+  // the other hosts, the leaders' part) tells this host's other ranks at
+  // once, with its status, which names the hosts that did not answer: they
+  // may be waiting for it there. INVALID_ARGUMENT leaves the group usable.
+  if (locality.shm != nullptr && locality.hierarchical) {
+    ShmGroup* shm = locality.shm.get();
+    options.group.on_op_failure =
+        [shm, next = std::move(options.group.on_op_failure)](
+            const absl::Status& status) {
+          if (status.code() != absl::StatusCode::kInvalidArgument) {
+            shm->Fail(status);
+          }
+          if (next) next(status);
+        };
+  }
   return options;
 }
 

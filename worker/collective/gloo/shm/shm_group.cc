@@ -181,6 +181,10 @@ absl::Status ShmGroup::Run(const CollectiveOp& op, absl::string_view check) {
 absl::Status ShmGroup::ReduceToLeader(const BufferView& data, ReduceOp op,
                                       absl::string_view check) {
   BeginOp(check, 0);
+  // A peer may be spending a timeout on other hosts (the op's check
+  // exchange over TCP) before it arrives; if that fails it marks this group
+  // failed with its status, which names them (see BroadcastFromLeader).
+  deadline_ += segment_->options().timeout;
   return FailUnlessChecked(AllReduceOrReduce(data, op, 0));
 }
 
@@ -204,7 +208,7 @@ absl::Status ShmGroup::BroadcastFromLeader(const BufferView& data,
   }
   // The first round's barrier publishes the leader's status. The leader
   // may spend up to a timeout of its own waiting on the other hosts before
-  // it has one to publish, and that status names the host it waited for:
+  // it has one to publish, and that status names the hosts it waited for:
   // wait for it a timeout longer, rather than fail first naming only the
   // leader.
   deadline_ += segment_->options().timeout;

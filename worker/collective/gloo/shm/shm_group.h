@@ -80,9 +80,11 @@ class ShmGroup {
   // `op` of every local rank's `data` in local rank 0's `data` (the others'
   // is untouched). BroadcastFromLeader copies local rank 0's `data` to the
   // others, or, when `leader_status` (local rank 0's) is not OK, fails
-  // every rank with it and writes nothing. The others wait for the leader
-  // up to twice the timeout: it may spend one waiting on other hosts before
-  // it has a status, which names them.
+  // every rank with it and writes nothing. Both wait for the local peers
+  // (BroadcastFromLeader: for the leader) up to twice the timeout: a peer
+  // may spend one waiting on other hosts before it has a status, which
+  // names them (one that fails before ReduceToLeader tells the others
+  // through Fail).
   absl::Status ReduceToLeader(const BufferView& data, ReduceOp op,
                               absl::string_view check);
   absl::Status BroadcastFromLeader(const BufferView& data,
