@@ -352,6 +352,7 @@ int Main() {
   if (absl::Status s = checker.RunAll(); !s.ok()) {
     std::printf("rank %d host %s: FAILED: %s\n", rank, host.c_str(),
                 s.ToString().c_str());
+    std::fflush(stdout);
     return 1;
   }
   std::printf("rank %d host %s: %d ops correct\n", rank, host.c_str(),
@@ -366,6 +367,7 @@ int Main() {
   std::fflush(stdout);
   absl::Status held = checker.Hold();
   std::printf("rank %d: op failed: %s\n", rank, held.ToString().c_str());
+  std::fflush(stdout);  // Before the group's teardown.
   return 1;
 }
 
