@@ -66,7 +66,10 @@ done
 
 # One cohortrun per host, in its namespace, two workers each; the workers
 # hold on the first attempt (run ops until one fails) and exit after the
-# checks on the second.
+# checks on the second. cohortrun gives a silent peer node 3 heartbeats
+# (15 s) before it stops its own workers: longer than a rank takes to fail
+# (the 4 s op timeout; twice that for a rank waiting on its host's leader),
+# so every rank reports its error first.
 declare -A node_pid=()
 for h in a b; do
   read -r -a pre <<<"$(ns_prefix "$h")"
