@@ -342,11 +342,16 @@ Launcher::RoundEnd Launcher::RunRound(Round& round, int restart_count) {
 
   absl::Time next_run_status = absl::Now() + options_.run_status_interval;
   for (;;) {
-    for (const WorkerExit& exit : workers.Poll()) {
+    const std::vector<WorkerExit> exits = workers.Poll();
+    for (const WorkerExit& exit : exits) {
       if (exit.ok()) continue;
       // Told before stopping the other workers, so peers stop theirs sooner.
       round.member->ReportError(FailureReport(exit)).IgnoreError();
-      DumpFlightRecords(round, workers, exit.rank);
+      // Every worker this poll reaped is gone (a rank killed at the same
+      // moment as the one reported, say): none of them will answer.
+      std::set<int> gone;
+      for (const WorkerExit& e : exits) gone.insert(e.rank);
+      DumpFlightRecords(round, workers, gone);
       workers.Stop(SIGTERM, options_.stop_grace);
       return {RoundEnd::Kind::kWorkerFailed,
               absl::StrCat("rank ", exit.rank, " (local rank ", exit.local_rank,
@@ -365,7 +370,7 @@ Launcher::RoundEnd Launcher::RunRound(Round& round, int restart_count) {
       return {RoundEnd::Kind::kStopped, SignalName(signal), status};
     }
     if (std::optional<std::string> trouble = PeerTrouble(round)) {
-      DumpFlightRecords(round, workers, -1);
+      DumpFlightRecords(round, workers, {});
       workers.Stop(SIGTERM, options_.stop_grace);
       return {RoundEnd::Kind::kPeerFailed, *trouble};
     }
@@ -384,7 +389,7 @@ Launcher::RoundEnd Launcher::RunRound(Round& round, int restart_count) {
 }
 
 void Launcher::DumpFlightRecords(const Round& round, LocalWorkers& workers,
-                                 int exited) {
+                                 const std::set<int>& exited) {
   if (options_.store == nullptr) return;
   const RendezvousResult& r = round.rendezvous;
   FlightCatalog catalog(options_.store.get(), options_.run_id);
@@ -402,7 +407,8 @@ void Launcher::DumpFlightRecords(const Round& round, LocalWorkers& workers,
   if (started.ok()) {
     for (const flight::FlightAnswer& a : started->answers) {
       const int local = a.rank - r.first_global_rank;
-      if (local >= 0 && local < options_.nproc_per_node && a.rank != exited) {
+      if (local >= 0 && local < options_.nproc_per_node &&
+          exited.count(a.rank) == 0) {
         waiting.insert(a.rank);
       }
     }

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -192,9 +193,10 @@ class Launcher {
   // The first relevant failure among the peer events received so far.
   std::optional<std::string> PeerTrouble(const Round& round);
   // Requests flight dumps; waits for those of this node's ranks that still
-  // run (`exited` and those `workers` sees exit are not waited for).
+  // run (the ranks in `exited` and those `workers` sees exit are not
+  // waited for).
   void DumpFlightRecords(const Round& round, LocalWorkers& workers,
-                         int exited);
+                         const std::set<int>& exited);
   // Whether nodes wait to join a round that has room for them.
   std::optional<std::string> NodesWaiting(const Round& round);
 
