@@ -31,7 +31,9 @@ root=$(dirname "$(dirname "$(readlink -f tools/requirements.txt)")")
 VENV_PYTHON=${PYTHON:-$root/.venv/bin/python}
 # torch's client logs a warning for every timed-out wait.
 export TORCH_CPP_LOG_LEVEL=ERROR
-SECONDS_PER_RUN=${LIN_SECONDS:-20}
+# Under a sanitizer (COHORT_TEST_TIME_SCALE, .bazelrc) every process is
+# slower: the clients run longer, so that the faults all fit in.
+SECONDS_PER_RUN=${LIN_SECONDS:-$((20 * ${COHORT_TEST_TIME_SCALE:-1}))}
 FAULTS=${LIN_FAULTS:-4}
 # Key groups at a time (the clients move to fresh ones every 5 s, so a
 # long run stays cheap to check: store_history's header).
